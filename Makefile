@@ -1,0 +1,32 @@
+# The two commands: `make run` (set up, start TorchServe + Packrat with the demo
+# models) and `make test` (the whole test suite). `make stop` stops the server.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup run test stop clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@scripts/check_java.sh
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required (set PYTHON=/path/to/python3.11)"'
+	$(PYTHON) -m venv $(VENV)
+	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+run: setup
+	scripts/run_demo.sh
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+stop:
+	-$(BIN)/torchserve --stop
+	-scripts/stop_demo.sh
+
+clean: stop
+	rm -rf model-store/*.mar model-store/*/ logs .packrat
