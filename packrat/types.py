@@ -30,6 +30,9 @@ class ProfilePoint:
     p99_ms: float | None = None
     std_ms: float | None = None
     count: int | None = None
+    # How the point was measured (pinned cores seen by the worker, converged, ...);
+    # informational only, so it takes no part in equality.
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
