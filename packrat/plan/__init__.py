@@ -1,0 +1,28 @@
+"""The optimiser: pure functions from a profile to a plan (no torch, no HTTP).
+
+    plan(profile, cores, batch) -> Plan          exact min–max 2-D knapsack
+    realizable_plan(profile, cores, batch)       best plan with one shared batch cap
+    load_profile(path) -> Profile                Packrat JSON or CSV profile files
+"""
+
+from __future__ import annotations
+
+from packrat.plan.io import load_profile
+from packrat.plan.knapsack import (
+    fat_latency,
+    optimal_plan,
+    realizable_gap,
+    realizable_plan,
+)
+
+# `plan` is the name the design uses for the pure decision function.
+plan = optimal_plan
+
+__all__ = [
+    "fat_latency",
+    "load_profile",
+    "optimal_plan",
+    "plan",
+    "realizable_gap",
+    "realizable_plan",
+]

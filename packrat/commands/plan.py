@@ -1,0 +1,141 @@
+"""`packrat plan`: the optimiser on a profile file, as a table, JSON or a plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from packrat.errors import PackratError, PlanError
+from packrat.plan import load_profile, optimal_plan, realizable_gap, realizable_plan
+from packrat.types import Plan, Profile
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The JSON shape issue 3 fixes: one entry per instance, sorted (threads, batch) desc."""
+    return {
+        "cores": plan.cores,
+        "batch": plan.batch,
+        "predicted_latency_ms": plan.predicted_latency_ms,
+        "fat_latency_ms": plan.fat_latency_ms,
+        "expected_speedup": plan.expected_speedup,
+        "instances": [
+            {"threads": i.threads, "batch": i.batch, "latency_ms": i.latency_ms}
+            for i in sorted(plan.instances, key=lambda i: (i.threads, i.batch), reverse=True)
+        ],
+    }
+
+
+def _positive_int(text: str, flag: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise PackratError(f"{flag} must be a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise PackratError(f"{flag} must be a positive integer, got {value}")
+    return value
+
+
+def _try(fn, *args) -> Plan | str:
+    try:
+        return fn(*args)
+    except PlanError as exc:
+        return str(exc)
+
+
+def _render_table(profile: Profile, shown: Plan, other: Plan | str, realizable: bool) -> str:
+    fp = profile.fingerprint
+    measured = (f"{fp.cpu_model}, {fp.usable_cores} cores, {fp.allocator}, "
+                f"torch {fp.torch_version}, {fp.mode}") if fp else "no fingerprint"
+    kind = "realisable (one shared batch cap)" if realizable else "optimal"
+    lines = [
+        f"profile   {profile.model_id} ({measured}; scope {profile.scope})",
+        f"load      batch {shown.batch} on {shown.cores} cores",
+        f"plan      {kind}: {len(shown.instances)} instance(s), "
+        f"{shown.threads_used} of {shown.cores} threads",
+        "",
+        f"  {'count':>5}  {'threads':>7}  {'batch':>5}  {'latency_ms':>11}",
+    ]
+    groups: dict[tuple[int, int, float], int] = {}
+    for i in shown.instances:  # already sorted (threads, batch) descending
+        key = (i.threads, i.batch, i.latency_ms)
+        groups[key] = groups.get(key, 0) + 1
+    for (t, b, ms), n in groups.items():
+        lines.append(f"  {n:>5}  {t:>7}  {b:>5}  {ms:>11.3f}")
+    lines.append("")
+    lines.append(f"predicted latency  {shown.predicted_latency_ms:.3f} ms")
+    if shown.fat_latency_ms is None:
+        lines.append(f"fat latency        n/a (threads={shown.cores}, batch={shown.batch} "
+                     "not profiled)")
+    else:
+        lines.append(f"fat latency        {shown.fat_latency_ms:.3f} ms "
+                     f"(1 instance, {shown.cores} threads, batch {shown.batch})")
+        lines.append(f"expected speedup   {shown.expected_speedup:.2f}x")
+    optimal, real = (other, shown) if realizable else (shown, other)
+    if isinstance(other, str):
+        what = "unconstrained optimum" if realizable else "realisable plan"
+        lines.append(f"{what}: none ({other})")
+    else:
+        assert isinstance(optimal, Plan) and isinstance(real, Plan)
+        gap = realizable_gap(optimal, real)
+        if realizable:
+            lines.append(f"unconstrained      {optimal.predicted_latency_ms:.3f} ms "
+                         f"(this plan is {gap:+.1%} slower)")
+        else:
+            caps = real.instances[0]
+            lines.append(f"realisable         {real.predicted_latency_ms:.3f} ms "
+                         f"({len(real.instances)} x {caps.threads} threads, cap {caps.batch}; "
+                         f"gap {gap:+.1%})")
+    return "\n".join(lines)
+
+
+def run_plan(profile_path: Path, cores_text: str, batch_text: str, as_json: bool,
+             realizable: bool, plot: Path | None) -> str:
+    """Everything `packrat plan` does, returning its output; PackratError on bad input."""
+    cores = _positive_int(cores_text, "--cores")
+    batch = _positive_int(batch_text, "--batch")
+    profile = load_profile(profile_path)
+    if realizable:
+        shown = realizable_plan(profile, cores, batch)
+    else:
+        shown = optimal_plan(profile, cores, batch)
+    if plot is not None:
+        from packrat.plan.plot import plot_plan
+
+        try:
+            plot_plan(profile, shown, plot)
+        except (OSError, ValueError) as exc:
+            raise PackratError(f"cannot write plot {plot}: {exc}") from exc
+    if as_json:
+        return json.dumps(plan_to_dict(shown))
+    other = _try(optimal_plan if realizable else realizable_plan, profile, cores, batch)
+    return _render_table(profile, shown, other, realizable)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_command(
+        profile: Path = typer.Option(..., "--profile", metavar="FILE",
+                                     help="profile JSON (packrat profile) or CSV with "
+                                          "threads,batch,latency_ms"),
+        # Parsed here rather than by click so that bad values get one line, exit 2.
+        cores: str = typer.Option(..., "--cores", metavar="T", help="cores to plan for"),
+        batch: str = typer.Option(..., "--batch", metavar="B",
+                                  help="load: requests in flight at once"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+        realizable: bool = typer.Option(False, "--realizable",
+                                        help="one batch cap shared by all instances "
+                                             "(what one TorchServe version can run)"),
+        plot: Optional[Path] = typer.Option(None, "--plot", metavar="OUT.png",
+                                            help="draw the profile with the plan marked"),
+    ) -> None:
+        """Choose thin instances (threads, batch) minimising latency for batch B on T cores."""
+        try:
+            out = run_plan(profile, cores, batch, as_json, realizable, plot)
+        except PackratError as exc:
+            message = " ".join(str(exc).split())  # one line, whatever the message held
+            typer.echo(f"error: {message}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(out)

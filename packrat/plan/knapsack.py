@@ -1,0 +1,278 @@
+"""Exact min–max 2-D knapsack: which thin instances to run for batch B on T cores.
+
+Problem (DESIGN.md): choose a multiset of instances (t_i, b_i), each a profiled
+point of L(t, b), with Σ t_i ≤ T and Σ b_i = B, minimising max_i L(t_i, b_i).
+Batch sizes that were not profiled are reached by composition (24 = 16 + 8).
+
+The table F[t, b] = least max-latency with at most t threads and total batch
+exactly b satisfies
+
+    F[t, 0] = -inf                       (the empty plan)
+    F[t, b] = min over profiled (t', b') with t' ≤ t, b' ≤ b of
+              max(L(t', b'), F[t - t', b - b'])
+
+Row t only reads rows < t (t' ≥ 1), so a whole row is computed at once with
+numpy: for each profiled batch b' the candidates of all t' form one 2-D array
+(t' × b) whose min along t' is taken. That is T × (#batch sizes) numpy calls.
+
+Ties. Many plans share the optimal max latency L*, since only the slowest
+instance sets it. The rule, applied in order (each step exact, by its own DP):
+  1. max latency ≤ L*·(1 + rtol)            (rtol = 0 by default: exact ties;
+                                             max/min do no arithmetic, so
+                                             equal means bit-equal)
+  2. the largest minimum instance latency m* — instances as similar in
+     latency as possible (the paper's preference): no instance is given
+     cores or a batch that make it finish well before the slowest one;
+     with rtol > 0, min latency ≥ m*·(1 - rtol) counts as a tie
+  3. the fewest instances (fewer processes, less memory, less to swap)
+  4. the fewest threads in total (spare cores stay free)
+  5. the lexicographically largest list of (threads, batch), sorted
+     descending (a fixed order so the same input always gives the same plan)
+The result is cached per (profile, T, B, rtol): Profile is frozen and hashes
+its points (not its `extra`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from packrat.errors import ConfigError, PlanError, ProfileError
+from packrat.types import Instance, Plan, Profile
+
+__all__ = [
+    "optimal_plan",
+    "realizable_plan",
+    "fat_latency",
+    "realizable_gap",
+    "LatencyTable",
+    "latency_table",
+]
+
+
+@dataclass(frozen=True)
+class LatencyTable:
+    """The profile as a dense matrix restricted to threads ≤ T and batches ≤ B.
+
+    `lat[t, j]` is L(t, batches[j]) in ms, +inf where not profiled; row 0 is unused.
+    """
+
+    lat: np.ndarray
+    batches: tuple[int, ...]
+
+
+def _check_args(cores: int, batch: int) -> None:
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores <= 0:
+        raise ConfigError(f"cores must be a positive integer, got {cores!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
+        raise ConfigError(f"batch must be a positive integer, got {batch!r}")
+
+
+def latency_table(profile: Profile, cores: int, max_batch: int) -> LatencyTable:
+    """Dense L(t, b) for 1 ≤ t ≤ cores and profiled b ≤ max_batch.
+
+    Raises ProfileError if no point has threads ≤ cores (nothing could run).
+    Duplicate points: the first wins, as in Profile.latency().
+    """
+    usable = [p for p in profile.points if 1 <= p.threads <= cores and p.batch >= 1]
+    if not usable:
+        raise ProfileError(
+            f"profile {profile.model_id!r} has no point with threads <= {cores}"
+        )
+    batches = sorted({p.batch for p in usable if p.batch <= max_batch})
+    col = {b: j for j, b in enumerate(batches)}
+    lat = np.full((cores + 1, len(batches)), np.inf)
+    seen: set[tuple[int, int]] = set()
+    for p in usable:
+        if p.batch > max_batch or (p.threads, p.batch) in seen:
+            continue
+        seen.add((p.threads, p.batch))
+        if not (math.isfinite(p.mean_ms) and p.mean_ms > 0):
+            raise ProfileError(
+                f"profile {profile.model_id!r}: latency at threads={p.threads}, "
+                f"batch={p.batch} is {p.mean_ms!r}, not a positive number"
+            )
+        lat[p.threads, col[p.batch]] = float(p.mean_ms)
+    lat.setflags(write=False)
+    return LatencyTable(lat=lat, batches=tuple(batches))
+
+
+def _table(
+    weight: np.ndarray,
+    batches: tuple[int, ...],
+    cores: int,
+    batch: int,
+    combine: np.ufunc,
+    pick: np.ufunc,
+    empty: float,
+    none: float,
+) -> np.ndarray:
+    """Generic DP over (threads budget, exact batch).
+
+    F[t, 0] = empty; F[t, b] = pick over types (t', b') of combine(w(t', b'), F[t-t', b-b']).
+    `weight` holds `none` for types that may not be used; `none` must absorb under
+    `combine` and lose under `pick` (inf for min-max and additive, -inf for max-min).
+    """
+    F = np.full((cores + 1, batch + 1), none)
+    F[:, 0] = empty
+    for t in range(1, cores + 1):
+        row = F[t]
+        for j, bj in enumerate(batches):
+            # t' = t, t-1, ..., 1 pairs with sub-row r = t - t' = 0, 1, ..., t-1
+            w = weight[t:0:-1, j]
+            ok = w != none
+            if not ok.any():
+                continue
+            width = batch + 1 - bj
+            if ok.all():
+                sub = F[:t, :width]
+            else:
+                rows = np.flatnonzero(ok)
+                w = w[rows]
+                sub = F[rows, :width]
+            cand = pick.reduce(combine(w[:, None], sub), axis=0)
+            pick(row[bj:], cand, out=row[bj:])
+    return F
+
+
+def _minmax(table: LatencyTable, cores: int, batch: int) -> np.ndarray:
+    return _table(table.lat, table.batches, cores, batch,
+                  np.maximum, np.minimum, -np.inf, np.inf)
+
+
+@lru_cache(maxsize=256)
+def _solve(profile: Profile, cores: int, batch: int, rtol: float) -> Plan:
+    table = latency_table(profile, cores, batch)
+    lat = table.lat
+    if not table.batches:
+        raise PlanError(
+            f"no profiled batch size <= {batch} at threads <= {cores}; "
+            f"batch {batch} cannot be composed"
+        )
+    # 1. the optimum L* and the tie band above it
+    best = _minmax(table, cores, batch)[cores, batch]
+    if not math.isfinite(best):
+        raise PlanError(
+            f"batch {batch} cannot be composed from the profiled batch sizes "
+            f"{list(table.batches)} within {cores} threads"
+        )
+    ceiling = best * (1.0 + rtol)
+    # 2. among plans within the band, the largest minimum instance latency
+    within = np.where(lat <= ceiling, lat, -np.inf)
+    floor_tab = _table(within, table.batches, cores, batch,
+                       np.minimum, np.maximum, np.inf, -np.inf)
+    floor = floor_tab[cores, batch] * (1.0 - rtol)
+    # 3.+4. fewest instances, then fewest threads: an additive cost n*(T+1) + Σt,
+    # exact in float64 (integers far below 2**53)
+    allowed = np.isfinite(lat) & (lat <= ceiling) & (lat >= floor)
+    tcol = np.arange(cores + 1, dtype=float)[:, None]
+    cost = np.where(allowed, (cores + 1) + tcol, np.inf)
+    G = _table(cost, table.batches, cores, batch, np.add, np.minimum, 0.0, np.inf)
+    # 5. walk back taking the largest (t', b') that keeps the cost optimal; the
+    # first pick is the largest type in any optimal plan, so picks never increase
+    # and the list is the lexicographically largest among equals.
+    types = sorted(
+        ((t, j) for t in range(1, cores + 1) for j in range(len(table.batches))
+         if allowed[t, j]),
+        key=lambda tj: (tj[0], table.batches[tj[1]]),
+        reverse=True,
+    )
+    instances: list[Instance] = []
+    t, b = cores, batch
+    while b > 0:
+        for tt, j in types:
+            bj = table.batches[j]
+            if tt <= t and bj <= b and cost[tt, j] + G[t - tt, b - bj] == G[t, b]:
+                instances.append(Instance(threads=tt, batch=bj, latency_ms=float(lat[tt, j])))
+                t, b = t - tt, b - bj
+                break
+        else:  # pragma: no cover - G says a plan exists, so a step always matches
+            raise AssertionError(f"plan reconstruction failed at t={t}, b={b}")
+    instances.sort(key=lambda i: (i.threads, i.batch), reverse=True)
+    return Plan(
+        cores=cores,
+        batch=batch,
+        instances=tuple(instances),
+        predicted_latency_ms=max(i.latency_ms for i in instances),
+        fat_latency_ms=fat_latency(profile, cores, batch),
+    )
+
+
+def fat_latency(profile: Profile, cores: int, batch: int) -> float | None:
+    """The baseline: one instance with all `cores` threads running the whole batch.
+
+    L(cores, batch) if that point was profiled, else None (no guess is made).
+    """
+    return profile.latency(cores, batch)
+
+
+def optimal_plan(profile: Profile, cores: int, batch: int, *, rtol: float = 0.0) -> Plan:
+    """The min–max plan for `batch` requests on `cores` cores (see module docstring).
+
+    `rtol` widens the tie bands of rules 1 and 2 (0 = exact ties). Raises
+    ConfigError for cores/batch ≤ 0, ProfileError if no point has threads ≤ cores,
+    PlanError if `batch` cannot be composed from the profiled batch sizes.
+    """
+    _check_args(cores, batch)
+    if not (0.0 <= rtol < 1.0):
+        raise ConfigError(f"rtol must be in [0, 1), got {rtol!r}")
+    return _solve(profile, cores, batch, float(rtol))
+
+
+@lru_cache(maxsize=256)
+def _solve_realizable(profile: Profile, cores: int, batch: int) -> Plan:
+    # Caps are the profiled batch sizes ≤ B, the same points the unconstrained
+    # optimum may use, so the two are compared on equal terms.
+    table = latency_table(profile, cores, batch)
+    best: tuple | None = None
+    for j, cap in enumerate(table.batches):
+        n = -(-batch // cap)  # ceil(B / b): fewer workers cannot take the load
+        if n > cores:
+            continue
+        for t in range(1, cores // n + 1):
+            latency = table.lat[t, j]
+            if not math.isfinite(latency):
+                continue
+            # same order as the unconstrained rule: latency, (all instances are
+            # alike, so rule 2 is moot) fewer instances, fewer threads
+            key = (latency, n, n * t)
+            if best is None or key < best[0]:
+                best = (key, t, cap)
+    if best is None:
+        raise PlanError(
+            f"no shared batch cap serves batch {batch} on {cores} cores: every "
+            f"profiled cap b needs ceil({batch}/b) workers of >= 1 thread"
+        )
+    (latency, n, _), t, cap = best
+    inst = Instance(threads=t, batch=cap, latency_ms=float(latency))
+    return Plan(
+        cores=cores,
+        batch=batch,
+        instances=(inst,) * n,
+        predicted_latency_ms=float(latency),
+        fat_latency_ms=fat_latency(profile, cores, batch),
+    )
+
+
+def realizable_plan(profile: Profile, cores: int, batch: int) -> Plan:
+    """The best plan TorchServe can run as one model version.
+
+    All workers of a version share one `batch_size` cap b and the front end gives
+    a batch of up to b to whichever worker is idle; it does not choose which
+    worker gets a short batch, so each worker must be assumed to get a full b.
+    So: n = ceil(B / b) workers, cap b a profiled batch size ≤ B, threads t_i with
+    Σ t_i ≤ T, latency max_i L(t_i, b). Since the workers' jobs are identical,
+    the fewest threads that reach a latency are the same for all of them:
+    a uniform plan (n × t threads) is optimal, and that is what is returned.
+    Instances list the cap as their batch; Σ batch may exceed B.
+    """
+    _check_args(cores, batch)
+    return _solve_realizable(profile, cores, batch)
+
+
+def realizable_gap(optimal: Plan, realizable: Plan) -> float:
+    """How much slower the realisable plan is predicted to be: 0.25 = 25 % slower."""
+    return realizable.predicted_latency_ms / optimal.predicted_latency_ms - 1.0
