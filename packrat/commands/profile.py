@@ -1,0 +1,88 @@
+"""`packrat profile`: measure L(t, b) of one archive on this machine and save it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from packrat.errors import ConfigError, PackratError
+from packrat.types import Profile
+
+
+def _table(profile: Profile) -> str:
+    threads = sorted({p.threads for p in profile.points})
+    batches = sorted({p.batch for p in profile.points})
+    lines = ["mean ms   " + "".join(f"{f'b={b}':>10}" for b in batches)]
+    for t in threads:
+        cells = []
+        for b in batches:
+            ms = profile.latency(t, b)
+            cells.append(f"{ms:10.1f}" if ms is not None else f"{'-':>10}")
+        lines.append(f"t={t:<8}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def profile_command(
+    path: Path = typer.Argument(..., help="Archive directory (with packrat_handler.py) or .mar file"),
+    output: Optional[Path] = typer.Option(
+        None, "-o", "--output", help="Profile JSON to write [default: profiles/<model>-<scope>.json]"
+    ),
+    cores: Optional[int] = typer.Option(None, "--cores", help="T: profile thread counts 1..T [default: all usable cores]"),
+    max_batch: int = typer.Option(32, "--max-batch", help="Largest batch; batches are 1, 2, 4, ... up to it"),
+    budget: Optional[float] = typer.Option(None, "--budget", help="Total seconds for the whole run (default: none)"),
+    point_budget: float = typer.Option(10.0, "--point-budget", help="Seconds per (threads, batch) point"),
+    scope: str = typer.Option("handler", "--scope", help="handler: pre+forward+post; model: forward only"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table"),
+) -> None:
+    """Time one isolated, pinned instance at t = 1..T threads and b = 1, 2, 4, ... batch."""
+    import os
+
+    from packrat.profile import ProfileSettings, open_archive, run_profile, save_profile
+
+    try:
+        archive = open_archive(path)
+        settings = ProfileSettings(
+            cores=cores if cores is not None else len(os.sched_getaffinity(0)),
+            max_batch=max_batch,
+            budget_s=budget,
+            point_budget_s=point_budget,
+            scope=scope,
+        )
+        settings.validate(len(os.sched_getaffinity(0)))
+        out = output or Path("profiles") / f"{archive.model_name}-{scope}.json"
+        if out.exists() and out.is_dir():
+            raise ConfigError(f"{out}: is a directory; give a file name with -o")
+        log = out.with_suffix(".log")
+        if not quiet:
+            typer.echo(f"profiling {archive.model_name} ({archive.model_id[:19]}), scope={scope}, -> {out}", err=True)
+        profile = run_profile(
+            archive,
+            settings,
+            progress=not quiet,
+            on_update=lambda partial: save_profile(partial, out),  # saved the moment a point lands
+            log_path=log,
+        )
+        save_profile(profile, out)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except PackratError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted; points measured so far are in the output file (complete: false)", err=True)
+        raise typer.Exit(130) from None
+
+    if not quiet:
+        typer.echo(_table(profile))
+    omitted = profile.extra.get("omitted", [])
+    typer.echo(
+        f"wrote {out}: {len(profile.points)} points, {len(omitted)} omitted, "
+        f"{profile.extra.get('duration_s')} s"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile_command)

@@ -1,0 +1,98 @@
+"""The hardware/software fingerprint a profile's numbers depend on.
+
+Two profiles are comparable only if every field is equal:
+
+  cpu_model      "model name" from /proc/cpuinfo (platform.processor() fallback)
+  usable_cores   cores this process may run on (sched_getaffinity), not the
+                 machine's total: a cgroup/taskset limit changes what t can be
+  allocator      from the environment the workers inherit:
+                   "jemalloc" / "tcmalloc"  when LD_PRELOAD names that library,
+                   "glibc-tuned"            when GLIBC_TUNABLES sets glibc.malloc.*,
+                   "glibc"                  otherwise
+                 (the design notes measured up to 2x between these)
+  torch_version  installed torch distribution version (read without importing torch)
+  mode           "<precision>-<runtime>" from the archive's model_config.yaml
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict
+from importlib import metadata
+from typing import Any, Mapping
+
+from packrat.types import Fingerprint
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def allocator(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    preload = env.get("LD_PRELOAD", "").lower()
+    if "jemalloc" in preload:
+        return "jemalloc"
+    if "tcmalloc" in preload:
+        return "tcmalloc"
+    if "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
+        return "glibc-tuned"
+    return "glibc"
+
+
+def torch_version() -> str:
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def _lookup(config: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
+    # The handler may keep its settings at the top level or under a "handler" section.
+    sections = [config] + [config[s] for s in ("handler", "packrat_handler") if isinstance(config.get(s), Mapping)]
+    for section in sections:
+        for key in keys:
+            value = section.get(key)
+            if value not in (None, ""):
+                return str(value).lower()
+    return None
+
+
+def mode_from_config(config: Mapping[str, Any]) -> str:
+    """"<precision>-<runtime>", e.g. "fp32-eager" or "bf16-torchscript"; defaults fp32/eager."""
+    precision = _lookup(config, ("precision", "dtype")) or "fp32"
+    runtime = _lookup(config, ("runtime", "mode", "graph_mode", "backend")) or "eager"
+    if runtime in {"true", "yes"}:  # a boolean graph_mode flag
+        runtime = "torchscript"
+    elif runtime in {"false", "no"}:
+        runtime = "eager"
+    return f"{precision}-{runtime}"
+
+
+def current_fingerprint(config: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Fingerprint:
+    """The fingerprint a profile of an archive with `config` would get on this machine now."""
+    return Fingerprint(
+        cpu_model=cpu_model(),
+        usable_cores=usable_cores(),
+        allocator=allocator(env),
+        torch_version=torch_version(),
+        mode=mode_from_config(config),
+    )
+
+
+def differences(a: Fingerprint, b: Fingerprint) -> list[str]:
+    """Human-readable list of the fields where `a` (the file) and `b` (expected) differ."""
+    da, db = asdict(a), asdict(b)
+    return [f"{k}: {da[k]!r} != {db[k]!r}" for k in da if da[k] != db[k]]

@@ -1,0 +1,242 @@
+"""The profiling driver: one pinned worker process per thread count, results as they land.
+
+    for t in 1..T:                                   # cores[:t] of the usable cores
+        start `python -m packrat.profile.worker` pinned to t cores
+        it loads the model once and times b = 1, 2, 4, ... max_batch
+        each point is recorded (and on_update called) the moment it arrives
+
+Total budget: the time left is shared among the thread counts still to run
+in proportion to 1/t (a 1-thread instance is roughly t times slower than a
+t-thread one, so it needs the larger share); time a worker does not use goes
+to the next ones. Inside a worker, batch sizes run smallest first, so when a
+budget runs out it is the largest batches that are omitted — those the
+optimiser can still reach by composing smaller ones. Omitted points are listed
+with the reason, never estimated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from packrat.errors import ConfigError, ProfileError
+from packrat.profile.fingerprint import current_fingerprint
+from packrat.profile.identity import ArchiveRef
+from packrat.profile.store import SCOPES, utc_now
+from packrat.types import Profile, ProfilePoint
+
+DEFAULT_MAX_BATCH = 32
+DEFAULT_POINT_BUDGET_S = 10.0
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    cores: int  # T: thread counts 1..T are profiled
+    max_batch: int = DEFAULT_MAX_BATCH
+    budget_s: float | None = None  # whole run, model loading included; None = no limit
+    point_budget_s: float = DEFAULT_POINT_BUDGET_S  # one (t, b), warm-up included
+    scope: str = "handler"  # "handler" (pre+forward+post) or "model" (forward only)
+    rel_ci: float = 0.05
+    confidence: float = 0.95
+    min_count: int = 5
+
+    def validate(self, usable: int) -> None:
+        if self.cores < 1:
+            raise ConfigError(f"--cores must be >= 1, got {self.cores}")
+        if self.cores > usable:
+            raise ConfigError(f"--cores {self.cores} exceeds the {usable} cores this process may use")
+        if self.max_batch < 1:
+            raise ConfigError(f"--max-batch must be >= 1, got {self.max_batch}")
+        if self.budget_s is not None and self.budget_s <= 0:
+            raise ConfigError(f"--budget must be > 0 seconds, got {self.budget_s}")
+        if self.point_budget_s <= 0:
+            raise ConfigError(f"--point-budget must be > 0 seconds, got {self.point_budget_s}")
+        if self.scope not in SCOPES:
+            raise ConfigError(f"--scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
+
+
+def batch_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, ... up to max_batch; max_batch itself is added when it is no power of two."""
+    out, b = [], 1
+    while b <= max_batch:
+        out.append(b)
+        b *= 2
+    if out[-1] != max_batch:
+        out.append(max_batch)
+    return out
+
+
+def budget_share(remaining_s: float, t: int, cores: int) -> float:
+    """Share of the remaining budget for thread count t, given t..cores still to run."""
+    weights = [1.0 / k for k in range(t, cores + 1)]
+    return remaining_s * weights[0] / sum(weights)
+
+
+class _Progress:
+    """tqdm bar over all points; silent when disabled."""
+
+    def __init__(self, total: int, enabled: bool, desc: str) -> None:
+        self._bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, unit="pt", dynamic_ncols=True, file=sys.stderr)
+
+    def at(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(text, refresh=True)
+
+    def step(self) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _run_worker(
+    job: dict[str, Any],
+    on_event: Callable[[dict[str, Any]], None],
+    log_path: Path,
+) -> None:
+    """Run one worker to completion, passing its events on; ProfileError if it fails."""
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(job["threads"])  # also set by the worker, before torch
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # don't write __pycache__ into the archive directory
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as jf:
+        json.dump(job, jf)
+    error: str | None = None
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "packrat.profile.worker", jf.name, str(write_fd)],
+            pass_fds=(write_fd,),
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
+        os.close(write_fd)
+        try:
+            with os.fdopen(read_fd) as results:
+                for line in results:
+                    event = json.loads(line)
+                    if event["event"] == "error":
+                        error = event["message"]
+                    else:
+                        on_event(event)
+            rc = proc.wait()
+        except BaseException:
+            proc.kill()  # our own child, by its handle
+            proc.wait()
+            raise
+        finally:
+            Path(jf.name).unlink(missing_ok=True)
+    if rc != 0 or error:
+        raise ProfileError(
+            f"profiling worker for {job['threads']} thread(s) failed: "
+            f"{error or f'exit status {rc}'} (log: {log_path})"
+        )
+
+
+def run_profile(
+    archive: ArchiveRef,
+    settings: ProfileSettings,
+    progress: bool = True,
+    on_update: Callable[[Profile], None] | None = None,
+    log_path: str | Path | None = None,
+) -> Profile:
+    """Profile `archive` on this machine. `on_update` gets the partial profile after every point."""
+    cores = sorted(os.sched_getaffinity(0))
+    settings.validate(len(cores))
+    fingerprint = current_fingerprint(archive.config)
+    batches = batch_sizes(settings.max_batch)
+    rule = {
+        "rel_ci": settings.rel_ci,
+        "confidence": settings.confidence,
+        "min_count": settings.min_count,
+        "point_budget_s": settings.point_budget_s,
+    }
+    log = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"packrat-profile-{os.getpid()}.log"
+    started_wall = time.monotonic()
+    created = utc_now()
+    points: list[ProfilePoint] = []
+    omitted: list[dict[str, Any]] = []
+    workers: list[dict[str, Any]] = []
+    pending = {(t, b) for t in range(1, settings.cores + 1) for b in batches}
+
+    def snapshot(complete: bool) -> Profile:
+        left = [] if complete else [
+            {"threads": t, "batch": b, "reason": "not measured yet"} for t, b in sorted(pending)
+        ]
+        return Profile(
+            model_id=archive.model_id,
+            points=tuple(sorted(points, key=lambda p: (p.threads, p.batch))),
+            fingerprint=fingerprint,
+            scope=settings.scope,
+            extra={
+                "model_name": archive.model_name,
+                "created": created,
+                "complete": complete,
+                "settings": {**asdict(settings), "batches": batches, "core_ids": cores[: settings.cores]},
+                "duration_s": round(time.monotonic() - started_wall, 1),
+                "workers": list(workers),
+                "omitted": sorted(omitted + left, key=lambda o: (o["threads"], o["batch"])),
+            },
+        )
+
+    bar = _Progress(len(pending), progress, desc=f"profile {archive.model_name} ({settings.scope})")
+    try:
+        for t in range(1, settings.cores + 1):
+            budget = None
+            if settings.budget_s is not None:
+                remaining = settings.budget_s - (time.monotonic() - started_wall)
+                budget = budget_share(max(0.0, remaining), t, settings.cores)
+
+            def on_event(event: dict[str, Any], t: int = t) -> None:
+                kind = event["event"]
+                if kind == "ready":
+                    workers.append({"threads": t, **{k: v for k, v in event.items() if k != "event"}})
+                elif kind == "start":
+                    left = ""
+                    if settings.budget_s is not None:
+                        left = f", {max(0.0, settings.budget_s - (time.monotonic() - started_wall)):.0f}s left"
+                    bar.at(f"t={t} b={event['batch']}{left}")
+                elif kind in ("point", "omitted"):
+                    pending.discard((event["threads"], event["batch"]))
+                    if kind == "point":
+                        fields = {k: v for k, v in event.items() if k != "event"}
+                        points.append(ProfilePoint(**fields))
+                    else:
+                        omitted.append({k: event[k] for k in ("threads", "batch", "reason")})
+                    bar.step()
+                    if on_update is not None:
+                        on_update(snapshot(complete=False))
+
+            if budget is not None and budget <= 0:
+                for b in batches:
+                    on_event({"event": "omitted", "threads": t, "batch": b, "reason": "total budget exhausted"})
+                continue
+            job = {
+                "archive_dir": str(archive.directory),
+                "config": archive.config,
+                "threads": t,
+                "cores": cores[:t],
+                "batches": batches,
+                "scope": settings.scope,
+                "rule": rule,
+                "budget_s": budget,
+            }
+            _run_worker(job, on_event, log)
+    finally:
+        bar.close()
+    return snapshot(complete=True)
+

@@ -1,0 +1,184 @@
+"""One isolated profiling process: one thread count t, every batch size.
+
+    python -m packrat.profile.worker JOB.json RESULT_FD
+
+The runner starts one of these per thread count. It pins itself to the job's
+cores and sets the thread-count variables *before* numpy, scipy or torch are
+imported, so every thread pool those libraries start (OpenMP, oneDNN,
+OpenBLAS, tokenizers) is born on the right cores with the right size. It then
+loads the model once through the archive's own handler (`packrat_handler`)
+and times each batch size in turn: one process per t, not per (t, b), because
+loading BERT or ResNet-50 costs seconds and the batch size does not change
+the process's pinning or pools.
+
+It reports JSON lines on RESULT_FD (a pipe from the runner; stdout/stderr stay
+free for whatever the handler prints):
+    {"event": "ready", ...}                        model loaded, pinning observed
+    {"event": "start", "batch": b}                 a point begins
+    {"event": "point", "threads", "batch", stats..., "meta": {...}}
+    {"event": "omitted", "threads", "batch", "reason"}
+    {"event": "error", "message"}                  then exit status 1
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS")
+
+
+def pin_before_imports(cores: list[int], threads: int) -> None:
+    """Affinity and pool sizes first: libraries size their pools when they start."""
+    os.sched_setaffinity(0, set(cores))
+    for var in _THREAD_VARS:
+        os.environ[var] = str(threads)
+
+
+def cpus_allowed_list(status_path: str = "/proc/self/status") -> str:
+    with open(status_path) as f:
+        for line in f:
+            if line.startswith("Cpus_allowed_list:"):
+                return line.split(":", 1)[1].strip()
+    return "?"
+
+
+def thread_cpu_lists() -> list[str]:
+    """Distinct Cpus_allowed_list values over all threads of this process (pools included)."""
+    seen = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            seen.add(cpus_allowed_list(f"/proc/self/task/{tid}/status"))
+        except OSError:
+            pass  # thread exited meanwhile
+    return sorted(seen)
+
+
+def profile_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The archive's config minus Packrat slots, so the handler does not claim and re-pin."""
+    cfg = dict(config)
+    packrat_cfg = cfg.get("packrat")
+    if isinstance(packrat_cfg, dict):
+        cfg["packrat"] = {k: v for k, v in packrat_cfg.items() if k not in ("slots", "plan_id")}
+    return cfg
+
+
+class _Reporter:
+    def __init__(self, fd: int) -> None:
+        self._f = os.fdopen(fd, "w", buffering=1)
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        self._f.write(json.dumps({"event": event, **fields}) + "\n")
+        self._f.flush()
+
+
+def run_job(job: dict[str, Any], report: _Reporter) -> None:
+    started = time.perf_counter()
+    threads = int(job["threads"])
+    pin_before_imports(job["cores"], threads)
+
+    import torch  # noqa: E402 - deliberately after pinning
+
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
+
+    from packrat.profile.stats import StopRule, measure  # numpy/scipy: after pinning too
+
+    rule = StopRule(**job["rule"])
+    deadline = None if job.get("budget_s") is None else started + float(job["budget_s"])
+
+    archive_dir = job["archive_dir"]
+    sys.path.insert(0, archive_dir)
+    import packrat_handler  # the archive's own handler module
+
+    t_load = time.perf_counter()
+    task = packrat_handler.load_task(archive_dir, profile_config(job["config"]))
+    report(
+        "ready",
+        pid=os.getpid(),
+        cpus_allowed_list=cpus_allowed_list(),
+        thread_cpu_lists=thread_cpu_lists(),
+        torch_threads=torch.get_num_threads(),
+        interop_threads=torch.get_num_interop_threads(),
+        torch_version=torch.__version__,
+        load_s=round(time.perf_counter() - t_load, 3),
+    )
+
+    scope = job["scope"]
+    last: tuple[int, float] | None = None  # (batch, mean_ms) of the previous point
+    for batch in job["batches"]:
+        now = time.perf_counter()
+        if deadline is not None:
+            # Warm-up plus one timed call must fit, judged from the previous point
+            # scaled by batch size; otherwise say so instead of overrunning the budget.
+            need_s = 0.0 if last is None else 2 * last[1] / 1000.0 * batch / last[0]
+            if deadline - now <= need_s:
+                report("omitted", threads=threads, batch=batch,
+                       reason=f"total budget exhausted (needs ~{need_s:.1f} s, {max(0.0, deadline - now):.1f} s left)")
+                continue
+        report("start", batch=batch)
+        requests = task.sample_requests(batch)
+        if scope == "model":
+            inputs = task.preprocess(requests)
+
+            def call() -> object:
+                return task.forward(inputs)
+        else:
+            responses = task.run(requests)
+            if len(responses) != batch:
+                raise RuntimeError(f"handler returned {len(responses)} responses for a batch of {batch}")
+
+            def call() -> object:
+                return task.run(requests)
+
+        stats = measure(call, rule, deadline=deadline)
+        if stats is None:
+            report("omitted", threads=threads, batch=batch, reason="total budget exhausted during warm-up")
+            continue
+        last = (batch, stats.mean_ms)
+        report(
+            "point",
+            threads=threads,
+            batch=batch,
+            mean_ms=stats.mean_ms,
+            p50_ms=stats.p50_ms,
+            p99_ms=stats.p99_ms,
+            std_ms=stats.std_ms,
+            count=stats.count,
+            meta={
+                "cpus_allowed_list": cpus_allowed_list(),
+                "thread_cpu_lists": thread_cpu_lists(),
+                "torch_threads": torch.get_num_threads(),
+                "interop_threads": torch.get_num_interop_threads(),
+                "converged": stats.converged,
+                "ci_half_width_ms": stats.ci_half_width_ms,
+                "warmup_calls": stats.warmup_calls,
+                "elapsed_s": round(stats.elapsed_s, 3),
+                "pid": os.getpid(),
+            },
+        )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m packrat.profile.worker JOB.json RESULT_FD", file=sys.stderr)
+        return 2
+    job = json.loads(Path(argv[1]).read_text())
+    report = _Reporter(int(argv[2]))
+    try:
+        run_job(job, report)
+    except Exception as exc:  # reported to the runner, which turns it into a ProfileError
+        import traceback
+
+        traceback.print_exc()  # full detail goes to the worker log
+        report("error", message=f"{exc.__class__.__name__}: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
