@@ -1,0 +1,78 @@
+"""TorchServe's token keys, read from `key_file.json`.
+
+TorchServe 0.12 (token authorisation is on by default) writes `key_file.json`
+into the frontend's working directory (`user.dir`) at start-up:
+
+    {"management": {"key": "...", "expiration time": "2026-12-02T13:50:20.1Z"},
+     "inference":  {"key": "...", "expiration time": "..."},
+     "API":        {"key": "..."}}
+
+Clients send `Authorization: Bearer <key>`. The management and inference keys
+expire (default 60 min, `token_expiration_min`); the API key does not and is
+used to mint new ones (`POST /token?type=management|inference` on the
+management port). The file is rewritten when a key is regenerated, so callers
+that run for long re-read it rather than caching keys forever.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from packrat.errors import TorchServeError
+
+KEY_FILE_NAME = "key_file.json"
+
+
+@dataclass(frozen=True)
+class Key:
+    key: str
+    expires: datetime | None  # None: the key does not expire (the API key)
+
+    def bearer(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
+@dataclass(frozen=True)
+class Keys:
+    management: Key
+    inference: Key
+    api: Key
+
+    def management_headers(self) -> dict[str, str]:
+        return self.management.bearer()
+
+    def inference_headers(self) -> dict[str, str]:
+        return self.inference.bearer()
+
+
+def _parse_time(raw: object) -> datetime | None:
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        # TorchServe writes java.time.Instant.toString(): "2026-12-02T13:50:20.123Z"
+        return datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def parse_keys(data: dict) -> Keys:
+    def key(section: str) -> Key:
+        entry = data.get(section)
+        if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
+            raise ValueError(f"key_file.json has no {section!r} key")
+        return Key(key=entry["key"], expires=_parse_time(entry.get("expiration time")))
+
+    return Keys(management=key("management"), inference=key("inference"), api=key("API"))
+
+
+def read_keys(frontend_workdir: Path) -> Keys:
+    """Read the keys of the TorchServe whose frontend runs in `frontend_workdir`."""
+    path = Path(frontend_workdir) / KEY_FILE_NAME
+    try:
+        data = json.loads(path.read_text())
+        return parse_keys(data)
+    except (OSError, ValueError) as exc:
+        raise TorchServeError("READ", str(path), 0, f"cannot read TorchServe keys: {exc}") from exc

@@ -1,0 +1,386 @@
+"""Start and stop a real TorchServe 0.12 process (tests, `make run`, the controller).
+
+Several servers may run at once on one machine (parallel tests, a demo next to
+a test run), so everything an instance writes is kept inside its own workdir:
+
+- `torchserve --start` refuses to run when its pid file
+  (`$TMPDIR/.model_server.pid`) names a live server, and `torchserve --stop`
+  stops whichever server that file names. Each instance therefore gets its own
+  TMPDIR, and we stop it ourselves by process group, never with `--stop`.
+- Workers talk to the frontend over unix sockets `<java.io.tmpdir>/.ts.sock.<port>`
+  with ports from 9000 up; TEMP (-> java.io.tmpdir) is per instance too.
+- `key_file.json` and `logs/` land in the frontend's working directory = workdir.
+- gRPC is always started (no switch in 0.12): its two ports are chosen free too.
+
+The launcher runs `torchserve --foreground` as a child in a new session, so the
+launcher, the Java frontend and every Python worker share one process group;
+stop() signals that group and waits until no member is left (SIGKILL after a
+grace period), which leaves no Java behind even when several servers run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import requests
+
+from packrat.apply.keys import Keys, read_keys
+from packrat.errors import TorchServeError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = REPO_ROOT / "config.properties"
+STATE_FILE = "server.json"
+# A cold JVM plus model-store scan takes ~5-15 s on 2 busy cores; leave room.
+DEFAULT_START_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class Ports:
+    inference: int
+    management: int
+    metrics: int
+    grpc_inference: int
+    grpc_management: int
+
+    @staticmethod
+    def free() -> "Ports":
+        return Ports(*free_ports(5))
+
+    @staticmethod
+    def fixed_from(props: dict[str, str]) -> "Ports":
+        """The ports a config.properties asks for (TorchServe's defaults where absent)."""
+
+        def port(key: str, default: int) -> int:
+            raw = props.get(key)
+            return int(raw.rsplit(":", 1)[1]) if raw else default
+
+        return Ports(
+            inference=port("inference_address", 8080),
+            management=port("management_address", 8081),
+            metrics=port("metrics_address", 8082),
+            grpc_inference=int(props.get("grpc_inference_port", 7070)),
+            grpc_management=int(props.get("grpc_management_port", 7071)),
+        )
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    props: dict[str, str] = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            props[k.strip()] = v.strip()
+    return props
+
+
+def render_properties(
+    template: Path, ports: Ports, model_store: Path, extra: dict[str, str] | None
+) -> str:
+    """The template with addresses, ports and model store overridden, extras appended."""
+    overrides = {
+        "inference_address": f"http://127.0.0.1:{ports.inference}",
+        "management_address": f"http://127.0.0.1:{ports.management}",
+        "metrics_address": f"http://127.0.0.1:{ports.metrics}",
+        "grpc_inference_address": "127.0.0.1",
+        "grpc_management_address": "127.0.0.1",
+        "grpc_inference_port": str(ports.grpc_inference),
+        "grpc_management_port": str(ports.grpc_management),
+        "model_store": str(Path(model_store).resolve()),
+    }
+    for k, v in (extra or {}).items():
+        overrides[k] = str(v)
+    out, seen = [], set()
+    for line in Path(template).read_text().splitlines():
+        key = line.split("=", 1)[0].strip() if "=" in line and not line.lstrip().startswith("#") else None
+        if key in overrides:
+            out.append(f"{key}={overrides[key]}")
+            seen.add(key)
+        else:
+            out.append(line)
+    out += ["", "# set by packrat.apply.server"]
+    out += [f"{k}={v}" for k, v in overrides.items() if k not in seen]
+    return "\n".join(out) + "\n"
+
+
+@dataclass
+class RunningServer:
+    """A TorchServe instance started by start_torchserve() (or attached from its workdir)."""
+
+    workdir: Path
+    model_store: Path
+    pid: int  # the launcher's pid; it leads the process group
+    ports: Ports
+    config_path: Path
+    _proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def inference_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.inference}"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.management}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.metrics}"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def keys(self) -> Keys:
+        # Re-read every time: TorchServe rewrites the file when a key is regenerated.
+        return read_keys(self.workdir)
+
+    def inference_headers(self) -> dict[str, str]:
+        return self.keys.inference_headers()
+
+    def management_headers(self) -> dict[str, str]:
+        return self.keys.management_headers()
+
+    def is_running(self) -> bool:
+        if self._proc is not None:
+            return self._proc.poll() is None
+        return _group_alive(self.pid)
+
+    def log_tail(self, lines: int = 60) -> str:
+        return _log_tail(self.workdir, lines)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def save(self) -> None:
+        state = {
+            "workdir": str(self.workdir),
+            "model_store": str(self.model_store),
+            "pid": self.pid,
+            "ports": asdict(self.ports),
+            "config_path": str(self.config_path),
+        }
+        (self.workdir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+    @staticmethod
+    def attach(workdir: Path) -> "RunningServer":
+        """The server whose state start_torchserve() saved in `workdir` (e.g. for `make stop`)."""
+        state = json.loads((Path(workdir) / STATE_FILE).read_text())
+        return RunningServer(
+            workdir=Path(state["workdir"]),
+            model_store=Path(state["model_store"]),
+            pid=int(state["pid"]),
+            ports=Ports(**state["ports"]),
+            config_path=Path(state["config_path"]),
+        )
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop the frontend and all its workers; idempotent.
+
+        SIGTERM lets the JVM run its shutdown hook (it stops the workers);
+        whatever is left after the grace period is SIGKILLed.
+        """
+        _signal_group(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc is not None:
+                self._proc.poll()  # reap the launcher so it stops counting as alive
+            if not _group_alive(self.pid):
+                break
+            time.sleep(0.2)
+        else:
+            _signal_group(self.pid, signal.SIGKILL)
+            for _ in range(50):
+                if self._proc is not None:
+                    self._proc.poll()
+                if not _group_alive(self.pid):
+                    break
+                time.sleep(0.1)
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        (self.workdir / STATE_FILE).unlink(missing_ok=True)
+
+    def __enter__(self) -> "RunningServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while any process (not a zombie) of the process group exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # killpg succeeds on zombies too; look for a live member.
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # fields after the ")" of comm: state ppid pgrp ...
+        rest = stat.rsplit(")", 1)[1].split()
+        if int(rest[2]) == pgid and rest[0] != "Z":
+            return True
+    return False
+
+
+def _log_tail(workdir: Path, lines: int) -> str:
+    parts = []
+    for name in ("torchserve.out", "logs/ts_log.log", "logs/model_log.log"):
+        path = workdir / name
+        if path.exists():
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {path} (last {len(text)} lines)\n" + "\n".join(text))
+    return "\n".join(parts) or f"(no logs in {workdir})"
+
+
+def _torchserve_command() -> list[str]:
+    script = Path(sys.executable).parent / "torchserve"
+    # TorchServe starts its workers with the launcher's sys.executable: this venv,
+    # where `packrat` and the handler's dependencies are installed.
+    return [str(script)] if script.exists() else [sys.executable, "-m", "ts.model_server"]
+
+
+def start_torchserve(
+    model_store: Path,
+    workdir: Path,
+    config_template: Path = DEFAULT_CONFIG,
+    ports: Ports | None = None,
+    extra_properties: dict[str, str] | None = None,
+    models: list[str] | None = None,
+    timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+) -> RunningServer:
+    """Start TorchServe, wait until /ping is healthy, return the running server.
+
+    `ports` defaults to free loopback ports; pass Ports.fixed_from(...) to keep
+    the template's. `models` is passed as `--models` (names in the model store).
+    On failure the process group is killed and TorchServeError carries the log tail.
+    """
+    workdir = Path(workdir).resolve()
+    model_store = Path(model_store).resolve()
+    if not model_store.is_dir():
+        raise TorchServeError("START", str(model_store), 0, "model store directory does not exist")
+    workdir.mkdir(parents=True, exist_ok=True)
+    tmp = workdir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    (workdir / "key_file.json").unlink(missing_ok=True)  # a stale file would hand out dead keys
+    ports = ports or Ports.free()
+    config_path = workdir / "config.properties"
+    config_path.write_text(render_properties(config_template, ports, model_store, extra_properties))
+
+    child_env = dict(os.environ if env is None else env)
+    # Slot locks must be shared by all servers on the machine, not per instance TMPDIR.
+    child_env.setdefault(
+        "PACKRAT_SLOT_DIR", str(Path(tempfile.gettempdir()) / "packrat-slots")
+    )
+    child_env["TMPDIR"] = str(tmp)  # launcher pid file
+    child_env["TEMP"] = str(tmp)  # -> -Djava.io.tmpdir: worker unix sockets
+    child_env.pop("TS_CONFIG_FILE", None)  # would override --ts-config
+
+    cmd = _torchserve_command() + [
+        "--start",
+        "--foreground",
+        "--ncs",
+        "--ts-config",
+        str(config_path),
+        "--model-store",
+        str(model_store),
+    ]
+    if models:
+        cmd += ["--models", *models]
+    out = open(workdir / "torchserve.out", "ab")
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=workdir,
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group: stop() signals exactly this server
+        )
+    finally:
+        out.close()
+    server = RunningServer(
+        workdir=workdir,
+        model_store=model_store,
+        pid=proc.pid,
+        ports=ports,
+        config_path=config_path,
+        _proc=proc,
+    )
+    server.save()
+    try:
+        _wait_healthy(server, timeout_s)
+    except BaseException:
+        server.stop(timeout_s=10)
+        raise
+    return server
+
+
+def _wait_healthy(server: RunningServer, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if not server.is_running():
+            raise TorchServeError(
+                "START", server.inference_url, 0,
+                f"TorchServe exited during start-up\n{server.log_tail()}",
+            )
+        # In 0.12 /ping itself needs the inference token (HTTP 400 without it),
+        # and key_file.json appears only once the frontend is up.
+        if not (server.workdir / "key_file.json").exists():
+            time.sleep(0.3)
+            continue
+        try:
+            r = requests.get(
+                f"{server.inference_url}/ping", headers=server.inference_headers(), timeout=2
+            )
+            if r.status_code == 200 and r.json().get("status") == "Healthy":
+                return
+            last = f"HTTP {r.status_code}: {r.text[:200]}"
+        except (requests.RequestException, ValueError, TorchServeError) as exc:
+            last = str(exc)
+        time.sleep(0.3)
+    raise TorchServeError(
+        "START", f"{server.inference_url}/ping", 0,
+        f"not healthy after {timeout_s:.0f}s ({last})\n{server.log_tail()}",
+    )
