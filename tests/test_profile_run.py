@@ -1,0 +1,128 @@
+"""Real profiling runs of a tiny archive: pinned worker processes, the CLI, budgets, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from packrat.profile import load_profile, open_archive
+from packrat.profile.fingerprint import current_fingerprint
+from profile_support import make_tiny_archive
+
+CORES = sorted(os.sched_getaffinity(0))
+needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="needs 2 usable cores")
+
+
+def packrat(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "packrat.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _cpus(cpus_allowed_list: str) -> set[int]:
+    """Parse the kernel's list format, e.g. "0-1,4" -> {0, 1, 4}."""
+    out: set[int] = set()
+    for part in cpus_allowed_list.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+@needs_two_cores
+def test_tiny_archive_profile_t2_b4(tmp_path):
+    archive = make_tiny_archive(tmp_path / "tiny")
+    out = tmp_path / "profile.json"
+    started = time.monotonic()
+    res = packrat("profile", str(archive), "--cores", "2", "--max-batch", "4",
+                  "--point-budget", "0.5", "-o", str(out))
+    elapsed = time.monotonic() - started
+    assert res.returncode == 0, res.stderr
+    assert elapsed < 60
+
+    ref = open_archive(archive)
+    profile = load_profile(out, expect_model_id=ref.model_id,
+                           expect_fingerprint=current_fingerprint(ref.config))
+    assert profile.scope == "handler"
+    assert {(p.threads, p.batch) for p in profile.points} == {(t, b) for t in (1, 2) for b in (1, 2, 4)}
+    for p in profile.points:
+        assert p.mean_ms > 0 and p.count >= 1 and p.p50_ms <= p.p99_ms
+        # pinning was applied in the child before torch started its pools:
+        # the process and every one of its threads may run on exactly t cores
+        assert _cpus(p.meta["cpus_allowed_list"]) == set(CORES[: p.threads])
+        assert [_cpus(c) for c in p.meta["thread_cpu_lists"]] == [set(CORES[: p.threads])]
+        assert p.meta["torch_threads"] == p.threads and p.meta["interop_threads"] == 1
+    # one worker process per thread count, each timing all its batch sizes
+    pids = {t: {p.meta["pid"] for p in profile.points if p.threads == t} for t in (1, 2)}
+    assert all(len(s) == 1 for s in pids.values()) and pids[1] != pids[2]
+    assert pids[1] | pids[2] != {os.getpid()}
+    data = json.loads(out.read_text())
+    assert data["complete"] is True and data["omitted"] == []
+    assert "wrote" in res.stdout
+
+
+def test_model_scope_is_recorded(tmp_path):
+    archive = make_tiny_archive(tmp_path / "tiny")
+    out = tmp_path / "p.json"
+    res = packrat("profile", str(archive), "--cores", "1", "--max-batch", "2", "--scope", "model",
+                  "--point-budget", "0.3", "-q", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    profile = load_profile(out)
+    assert profile.scope == "model"
+    assert sorted((p.threads, p.batch) for p in profile.points) == [(1, 1), (1, 2)]
+
+
+def test_exhausted_budget_omits_points_and_invents_none(tmp_path):
+    archive = make_tiny_archive(tmp_path / "tiny")
+    out = tmp_path / "p.json"
+    # 0.5 s cannot even cover starting a worker (importing torch): nothing can be measured
+    res = packrat("profile", str(archive), "--cores", "1", "--max-batch", "4", "--budget", "0.5",
+                  "-q", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    measured = {(p["threads"], p["batch"]) for p in data["points"]}
+    omitted = {(o["threads"], o["batch"]) for o in data["omitted"]}
+    assert measured == set() and omitted == {(1, 1), (1, 2), (1, 4)}
+    assert all("budget" in o["reason"] for o in data["omitted"])
+    assert "3 omitted" in res.stdout
+
+
+def test_failing_handler_is_one_line_error(tmp_path):
+    archive = make_tiny_archive(tmp_path / "tiny")
+    src = (archive / "packrat_handler.py").read_text()
+    (archive / "packrat_handler.py").write_text(src.replace("def load_task(model_dir, model_yaml_config):",
+                                                           "def load_task(model_dir, model_yaml_config):\n    raise ValueError('no weights here')"))
+    res = packrat("profile", str(archive), "--cores", "1", "--max-batch", "1", "-o", str(tmp_path / "p.json"))
+    assert res.returncode == 1
+    assert "Traceback" not in res.stderr
+    assert "no weights here" in res.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["{missing}"], "no such file"),
+        (["{empty}"], "not a Packrat archive"),
+        (["{archive}", "--cores", "0"], "--cores"),
+        (["{archive}", "--cores", "999"], "exceeds"),
+        (["{archive}", "--max-batch", "0"], "--max-batch"),
+        (["{archive}", "--budget", "-1"], "--budget"),
+        (["{archive}", "--point-budget", "0"], "--point-budget"),
+        (["{archive}", "--scope", "everything"], "--scope"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
+    archive = make_tiny_archive(tmp_path / "tiny")
+    (tmp_path / "empty").mkdir()
+    paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "archive": archive}
+    res = packrat("profile", *[a.format(**paths) for a in args], "-o", str(tmp_path / "p.json"), timeout=60)
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+    assert not (tmp_path / "p.json").exists()
