@@ -15,13 +15,23 @@ The plan travels in the version's model_config.yaml:
 
 This module runs inside TorchServe's worker, in the handler's initialize(),
 before the model is loaded (so torch's thread pools start on the right cores).
+
+Every worker whose handler calls claim_and_pin() (with or without a plan)
+also keeps a small status file, `<slot dir>/workers/<pid>.json`: its slot,
+cores and threads, the torch intra-op thread count and CPU affinity it
+actually runs with, and how many batches it has started and finished. The
+controller reads it for two things TorchServe's API does not tell: that a
+worker is pinned as planned, and whether it still has a batch in flight
+(TorchServe 0.12 reports only READY/UNLOADING per worker).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +50,16 @@ class SlotClaim:
     lock_path: str
 
 
+def slot_root() -> Path:
+    return Path(os.environ.get("PACKRAT_SLOT_DIR", Path(tempfile.gettempdir()) / "packrat-slots"))
+
+
 def slot_lock_dir(plan_id: str) -> Path:
-    root = Path(os.environ.get("PACKRAT_SLOT_DIR", Path(tempfile.gettempdir()) / "packrat-slots"))
-    return root / plan_id
+    return slot_root() / plan_id
+
+
+def worker_status_path(pid: int) -> Path:
+    return slot_root() / "workers" / f"{pid}.json"
 
 
 def parse_slots(packrat_cfg: dict[str, Any]) -> list[tuple[tuple[int, ...], int]]:
@@ -113,11 +130,100 @@ def pin_process(cores: tuple[int, ...], threads: int) -> None:
         pass  # already set or inter-op pool already started; intra-op count is what matters
 
 
+class _WorkerStatus:
+    """Writes this worker's status file; one instance per worker process."""
+
+    def __init__(self, claim: SlotClaim | None) -> None:
+        self.claim = claim
+        self.path = worker_status_path(os.getpid())
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.started = 0
+        self.done = 0
+
+    def write(self, busy: bool) -> None:
+        import torch
+
+        claim = self.claim
+        record = {
+            "pid": os.getpid(),
+            "plan_id": None if claim is None else Path(claim.lock_path).parent.name,
+            "slot": None if claim is None else claim.index,
+            "cores": None if claim is None else list(claim.cores),
+            "threads": None if claim is None else claim.threads,
+            # What the worker really runs with, read at this moment, not what was asked for.
+            "torch_threads": torch.get_num_threads(),
+            "affinity": sorted(os.sched_getaffinity(0)),
+            "started": self.started,
+            "done": self.done,
+            "busy": busy,
+            "time": time.time(),
+        }
+        # Write-then-rename so a reader never sees half a record.
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.path)
+
+    def batch_started(self) -> None:
+        self.started += 1
+        self.write(busy=True)
+
+    def batch_done(self) -> None:
+        self.done += 1
+        self.write(busy=False)
+
+
+_status: _WorkerStatus | None = None
+
+
+def read_worker_status(pid: int) -> dict[str, Any] | None:
+    """The status record of worker `pid`, or None if it has none (yet)."""
+    try:
+        record = json.loads(worker_status_path(pid).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if record.get("pid") == pid else None
+
+
+def _track_batches() -> None:
+    """Count batches in flight around TorchServe's Service.predict in this worker.
+
+    Why here and not in the handler: it then works for any handler that calls
+    claim_and_pin(). Service.predict is looked up per call, so wrapping the
+    class attribute after the service exists still takes effect. Pinned to
+    TorchServe 0.12.0 (ts.service.Service.predict(self, batch)).
+    """
+    try:
+        from ts.service import Service
+    except ImportError:  # not inside a TorchServe worker (e.g. a unit test)
+        return
+    original = Service.predict
+    if getattr(original, "_packrat_tracked", False):
+        return
+
+    def predict(self: Any, batch: Any) -> Any:
+        status = _status
+        if status is not None:
+            status.batch_started()
+        try:
+            return original(self, batch)
+        finally:
+            if status is not None:
+                status.batch_done()
+
+    predict._packrat_tracked = True  # type: ignore[attr-defined]
+    Service.predict = predict  # type: ignore[method-assign]
+
+
 def claim_and_pin(model_yaml_config: dict[str, Any] | None) -> SlotClaim | None:
     """Entry point for the handler. Returns None for a version without a Packrat plan."""
+    global _status
     packrat_cfg = (model_yaml_config or {}).get("packrat") or {}
-    if "slots" not in packrat_cfg:
-        return None
-    claim = claim_slot(packrat_cfg)
-    pin_process(claim.cores, claim.threads)
+    claim = None
+    if "slots" in packrat_cfg:
+        claim = claim_slot(packrat_cfg)
+        pin_process(claim.cores, claim.threads)
+    # Tracked even without a plan: the first swap away from a plain version drains it too.
+    _status = _WorkerStatus(claim)
+    _status.write(busy=False)
+    _track_batches()
     return claim

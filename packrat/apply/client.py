@@ -1,0 +1,217 @@
+"""The only code that talks to TorchServe's management API.
+
+Every call goes through `ManagementClient._request`, which
+- sends `Authorization: Bearer <management key>` read from key_file.json,
+- retries connection failures a few times (tenacity; TorchServe may be busy
+  starting workers on a 2-core box),
+- on TorchServe's "Token Authorization failed" answer (HTTP 400 in 0.12, for
+  a wrong *or expired* key) re-reads the key file, regenerates the management
+  key through the token API if the file's key is expired too, and retries once,
+- translates every error answer into `TorchServeError(method, url, status, body)`
+  here and nowhere else (`raise ... from exc`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from packrat.apply.keys import Keys, parse_keys
+from packrat.errors import TorchServeError
+
+# TorchServe 0.12 answers a missing, wrong or expired key with HTTP 400 and this text.
+_TOKEN_FAILED = "Token Authorization failed"
+# Refresh a key this long before its stated expiry, so a call never races the clock.
+_EXPIRY_MARGIN_S = 60.0
+
+
+def read_key_file(key_file: str | Path) -> Keys:
+    """Parse key_file.json (format in packrat.apply.keys); the one place the controller reads it."""
+    path = Path(key_file)
+    try:
+        return parse_keys(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise TorchServeError("READ", str(path), 0, f"cannot read TorchServe keys: {exc}") from exc
+
+
+class _Unreachable(Exception):
+    """Connection-level failure, retried by tenacity before it is translated."""
+
+
+class ManagementClient:
+    """Typed calls to TorchServe's management API (one instance per TorchServe)."""
+
+    def __init__(
+        self,
+        management_url: str,
+        key_file: str | Path | None,
+        *,
+        timeout_s: float = 30.0,  # plain calls; register/scale pass their own, longer one
+        session: requests.Session | None = None,
+    ) -> None:
+        self.base = management_url.rstrip("/")
+        self.key_file = Path(key_file) if key_file else None
+        self.timeout_s = timeout_s
+        self.session = session or requests.Session()
+        self._keys: Keys | None = None
+        self._keys_mtime: float | None = None
+
+    # -- keys -----------------------------------------------------------------
+    def keys(self) -> Keys | None:
+        """Current keys, re-read whenever key_file.json changed on disk."""
+        if self.key_file is None:
+            return None
+        try:
+            mtime = self.key_file.stat().st_mtime
+        except FileNotFoundError as exc:
+            raise TorchServeError("READ", str(self.key_file), 0, "key file not found") from exc
+        if self._keys is None or mtime != self._keys_mtime:
+            self._keys = read_key_file(self.key_file)
+            self._keys_mtime = mtime
+        return self._keys
+
+    def management_key(self) -> str | None:
+        keys = self.keys()
+        if keys is None:
+            return None
+        expires = keys.management.expires
+        if expires is not None and expires.timestamp() - time.time() < _EXPIRY_MARGIN_S:
+            keys = self.refresh_management_key()
+        return keys.management.key
+
+    def refresh_management_key(self) -> Keys:
+        """Ask TorchServe for a new management key (token API, authorised by the API key).
+
+        TorchServe rewrites key_file.json itself; we re-read it from there.
+        """
+        keys = self.keys()
+        if keys is None:
+            raise TorchServeError("POST", f"{self.base}/token", 0, "no key file to refresh the management key from")
+        url = f"{self.base}/token"
+        try:
+            resp = self.session.post(
+                url,
+                params={"type": "management"},
+                headers=keys.api.bearer(),
+                timeout=self.timeout_s,
+            )
+        except requests.RequestException as exc:
+            raise TorchServeError("POST", url, 0, f"unreachable: {exc}") from exc
+        if resp.status_code >= 400:
+            raise TorchServeError("POST", url, resp.status_code, resp.text)
+        self._keys = None  # force a re-read of the file TorchServe just rewrote
+        new = self.keys()
+        assert new is not None
+        return new
+
+    # -- transport ------------------------------------------------------------
+    @retry(
+        retry=retry_if_exception_type(_Unreachable),
+        stop=stop_after_attempt(3),
+        wait=wait_exponential(multiplier=0.2, max=2.0),
+        reraise=True,
+    )
+    def _send(self, method: str, url: str, params: dict[str, Any] | None, timeout: float) -> requests.Response:
+        headers = {}
+        key = self.management_key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        try:
+            return self.session.request(method, url, params=params, headers=headers, timeout=timeout)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise _Unreachable(str(exc)) from exc
+
+    def _request(
+        self, method: str, path: str, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
+        url = f"{self.base}{path}"
+        timeout = timeout or self.timeout_s
+        try:
+            resp = self._send(method, url, params, timeout)
+            if resp.status_code == 400 and _TOKEN_FAILED in resp.text and self.key_file is not None:
+                # Someone may have rotated the key (file changed), or it expired: refresh, retry once.
+                before = self._keys
+                self._keys = None
+                after = self.keys()
+                if before is not None and after is not None and after.management.key == before.management.key:
+                    self.refresh_management_key()
+                resp = self._send(method, url, params, timeout)
+        except _Unreachable as exc:
+            raise TorchServeError(method, url, 0, f"unreachable: {exc}") from exc
+        except requests.RequestException as exc:
+            raise TorchServeError(method, url, 0, f"request failed: {exc}") from exc
+        return self._decode(method, url, resp)
+
+    @staticmethod
+    def _decode(method: str, url: str, resp: requests.Response) -> Any:
+        if resp.status_code >= 400:
+            # TorchServe's error body is {"code": n, "type": "...", "message": "..."}.
+            body = resp.text
+            try:
+                body = json.loads(body).get("message", body)
+            except (ValueError, AttributeError):
+                pass
+            raise TorchServeError(method, url, resp.status_code, str(body))
+        if not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError:
+            return resp.text
+
+    # -- management API ---------------------------------------------------------
+    def list_models(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": 1000}
+            if token:
+                params["next_page_token"] = token
+            page = self._request("GET", "/models", params)
+            out.extend(page.get("models", []))
+            token = page.get("nextPageToken")
+            if not token:
+                return out
+
+    def describe(self, model: str, version: str | None = None) -> dict[str, Any]:
+        """Describe one version (the default one when `version` is None)."""
+        path = f"/models/{model}" + (f"/{version}" if version else "")
+        return self._request("GET", path)[0]
+
+    def describe_all(self, model: str) -> list[dict[str, Any]]:
+        """Every loaded version of `model`, with workers (id, pid, status) and queue."""
+        return self._request("GET", f"/models/{model}/all")
+
+    def register(
+        self, url: str, model_name: str, initial_workers: int, *, timeout_s: float = 300.0
+    ) -> Any:
+        """Register a model directory by its name in the model store and start workers.
+
+        Synchronous: returns when every worker has loaded (TorchServe unregisters
+        the version itself if its workers fail to start). batch_size is not sent:
+        the version's model_config.yaml carries it.
+        """
+        params = {
+            "url": url,
+            "model_name": model_name,
+            "initial_workers": initial_workers,
+            "synchronous": "true",
+        }
+        return self._request("POST", "/models", params, timeout=timeout_s)
+
+    def scale(
+        self, model: str, version: str, workers: int, *, timeout_s: float = 300.0
+    ) -> Any:
+        params = {"min_worker": workers, "max_worker": workers, "synchronous": "true"}
+        return self._request("PUT", f"/models/{model}/{version}", params, timeout=timeout_s)
+
+    def set_default(self, model: str, version: str) -> Any:
+        return self._request("PUT", f"/models/{model}/{version}/set-default")
+
+    def unregister(self, model: str, version: str, *, timeout_s: float = 120.0) -> Any:
+        return self._request("DELETE", f"/models/{model}/{version}", timeout=timeout_s)

@@ -1,0 +1,266 @@
+"""Version directories: one TorchServe model version per plan.
+
+A version directory lives in the model store beside the base model directory
+(a torch-model-archiver "no-archive" directory) and holds
+- a relative symlink to every file of the base directory (weights, handler,
+  tokenizer, ...): never a copy, so a version costs a few kB;
+- its own `model_config.yaml`: the base config plus batchSize (the plan's
+  batch cap), minWorkers = maxWorkers = number of instances, and a `packrat`
+  section with the plan id, one slot per instance (cores, threads) and the
+  plan itself for the record;
+- its own `MAR-INF/MANIFEST.json` with a new `modelVersion`: TorchServe takes
+  the version from the manifest, not from the register call.
+
+TorchServe registers it by its directory name (`POST /models?url=<dir name>`),
+so a worker that TorchServe restarts reads the same plan again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from packrat.errors import ConfigError
+from packrat.types import Instance, Plan
+
+MANIFEST = Path("MAR-INF") / "MANIFEST.json"
+CONFIG = "model_config.yaml"
+# Version strings Packrat creates: p<sequence>, e.g. "p12". Directory: <model>.p12
+_VERSION_RE = re.compile(r"^p(\d+)$")
+# Collect batches for at most this long (ms). Short: thin workers want small batches now.
+DEFAULT_MAX_BATCH_DELAY_MS = 5
+
+
+@dataclass(frozen=True)
+class Slot:
+    cores: tuple[int, ...]
+    threads: int
+    batch: int
+
+
+@dataclass(frozen=True)
+class VersionDir:
+    model: str
+    version: str
+    path: Path
+    plan_id: str
+    base: str  # directory name of the base model in the model store
+    plan: Plan
+    slots: tuple[Slot, ...]
+    batch_size: int
+    max_batch_delay_ms: int
+
+    @property
+    def url(self) -> str:
+        """What to pass as `url` to TorchServe's register call: the directory name."""
+        return self.path.name
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    return {
+        "cores": plan.cores,
+        "batch": plan.batch,
+        "instances": [asdict(i) for i in plan.instances],
+        "predicted_latency_ms": plan.predicted_latency_ms,
+        "fat_latency_ms": plan.fat_latency_ms,
+    }
+
+
+def plan_from_dict(d: dict[str, Any]) -> Plan:
+    try:
+        return Plan(
+            cores=int(d["cores"]),
+            batch=int(d["batch"]),
+            instances=tuple(
+                Instance(int(i["threads"]), int(i["batch"]), float(i.get("latency_ms") or 0.0))
+                for i in d["instances"]
+            ),
+            predicted_latency_ms=float(d.get("predicted_latency_ms") or 0.0),
+            fat_latency_ms=None if d.get("fat_latency_ms") is None else float(d["fat_latency_ms"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"malformed plan record: {d!r}") from exc
+
+
+def validate_plan(plan: Plan, usable_cores: int) -> None:
+    """Reject what no version can realise; raised before anything is created."""
+    if not plan.instances:
+        raise ConfigError("a plan needs at least one instance")
+    for i in plan.instances:
+        if i.threads < 1:
+            raise ConfigError(f"instance {i}: threads must be >= 1")
+        if i.batch < 1:
+            raise ConfigError(f"instance {i}: batch must be >= 1")
+    if plan.threads_used > usable_cores:
+        raise ConfigError(
+            f"plan uses {plan.threads_used} threads but only {usable_cores} cores are usable"
+        )
+    if plan.cores > usable_cores:
+        raise ConfigError(f"plan is for {plan.cores} cores but only {usable_cores} are usable")
+
+
+def assign_cores(plan: Plan, cores: list[int]) -> tuple[Slot, ...]:
+    """Give each instance its own contiguous run of `cores`, widest instance first.
+
+    Deterministic: the same plan always gets the same layout, so a new version
+    of an unchanged shape lands on exactly the cores of the old one.
+    """
+    if plan.threads_used > len(cores):
+        raise ConfigError(f"plan needs {plan.threads_used} cores, {len(cores)} given")
+    slots = []
+    offset = 0
+    for inst in sorted(plan.instances, key=lambda i: (-i.threads, -i.batch)):
+        slots.append(Slot(tuple(cores[offset : offset + inst.threads]), inst.threads, inst.batch))
+        offset += inst.threads
+    return tuple(slots)
+
+
+def read_manifest(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / MANIFEST
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a TorchServe model directory ({exc})") from exc
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    manifest = read_manifest(model_dir)
+    name = (manifest.get("model") or {}).get("configFile") or CONFIG
+    path = model_dir / name
+    if not path.exists():
+        return {}
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def next_version(model_store: Path, model: str) -> str:
+    """p<n+1> where n is the highest sequence of this model's version dirs in the store."""
+    highest = 0
+    for p in model_store.glob(f"{model}.p*"):
+        m = _VERSION_RE.match(p.name[len(model) + 1 :])
+        if m:
+            highest = max(highest, int(m.group(1)))
+    return f"p{highest + 1}"
+
+
+def create_version(
+    model_store: str | Path,
+    base: str,
+    model: str,
+    plan: Plan,
+    cores: list[int],
+    *,
+    version: str | None = None,
+    max_batch_delay_ms: int = DEFAULT_MAX_BATCH_DELAY_MS,
+) -> VersionDir:
+    """Write `<model_store>/<model>.<version>/` for `plan`; see the module docstring."""
+    store = Path(model_store)
+    base_dir = store / base
+    validate_plan(plan, len(cores))
+    if not plan.realizable:
+        raise ConfigError(
+            "plan instances have different batch caps; one TorchServe version has one batch_size "
+            f"({sorted({i.batch for i in plan.instances})})"
+        )
+    manifest = read_manifest(base_dir)
+    base_config = read_config(base_dir)
+    config_name = (manifest.get("model") or {}).get("configFile") or CONFIG
+    version = version or next_version(store, model)
+    path = store / f"{model}.{version}"
+    if path.exists():
+        raise ConfigError(f"{path} already exists")
+    slots = assign_cores(plan, cores)
+    plan_id = f"{model}-{version}-{uuid.uuid4().hex[:8]}"
+    batch_size = plan.instances[0].batch
+
+    tmp = store / f".{path.name}.tmp-{uuid.uuid4().hex[:6]}"
+    tmp.mkdir()
+    try:
+        for entry in base_dir.iterdir():
+            if entry.name in ("MAR-INF", config_name):
+                continue
+            # Relative link: the store can be moved as a whole.
+            os.symlink(Path("..") / base / entry.name, tmp / entry.name)
+        config = dict(base_config)
+        config.update(
+            {
+                "batchSize": batch_size,
+                "maxBatchDelay": max_batch_delay_ms,
+                "minWorkers": len(slots),
+                "maxWorkers": len(slots),
+                "packrat": {
+                    "plan_id": plan_id,
+                    "base": base,
+                    "slots": [{"cores": list(s.cores), "threads": s.threads} for s in slots],
+                    "plan": plan_to_dict(plan),
+                },
+            }
+        )
+        (tmp / config_name).write_text(yaml.safe_dump(config, sort_keys=False))
+        new_manifest = json.loads(json.dumps(manifest))
+        new_manifest.setdefault("model", {})
+        new_manifest["model"]["modelName"] = model
+        new_manifest["model"]["modelVersion"] = version
+        new_manifest["model"]["configFile"] = config_name
+        (tmp / "MAR-INF").mkdir()
+        (tmp / MANIFEST).write_text(json.dumps(new_manifest, indent=2))
+        # Appears complete or not at all (a controller restarted mid-write finds no half dir).
+        os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return VersionDir(
+        model=model,
+        version=version,
+        path=path,
+        plan_id=plan_id,
+        base=base,
+        plan=plan,
+        slots=slots,
+        batch_size=batch_size,
+        max_batch_delay_ms=max_batch_delay_ms,
+    )
+
+
+def load_version(path: str | Path) -> VersionDir | None:
+    """Read back a version directory Packrat wrote; None for a plain (non-Packrat) model dir."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    config = read_config(path)
+    pr = config.get("packrat")
+    if not isinstance(pr, dict) or "plan" not in pr:
+        return None
+    return VersionDir(
+        model=manifest["model"]["modelName"],
+        version=manifest["model"]["modelVersion"],
+        path=path,
+        plan_id=str(pr["plan_id"]),
+        base=str(pr["base"]),
+        plan=plan_from_dict(pr["plan"]),
+        slots=tuple(
+            Slot(tuple(int(c) for c in s["cores"]), int(s["threads"]), int(config.get("batchSize", 1)))
+            for s in pr["slots"]
+        ),
+        batch_size=int(config.get("batchSize", 1)),
+        max_batch_delay_ms=int(config.get("maxBatchDelay", DEFAULT_MAX_BATCH_DELAY_MS)),
+    )
+
+
+def remove_version(path: str | Path) -> None:
+    """Delete a version directory: only its links and its own two files go, never the base's files."""
+    path = Path(path)
+    if not path.exists():
+        return
+    for entry in path.iterdir():
+        if entry.is_symlink() or entry.is_file():
+            entry.unlink()
+        else:
+            shutil.rmtree(entry)  # MAR-INF, ours
+    path.rmdir()
