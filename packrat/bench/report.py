@@ -1,0 +1,277 @@
+"""Reports from saved benchmark results only: markdown, CSV and a PNG chart.
+
+Per model and load B the headline latency is the median (p50) end-to-end
+latency of B closed-loop clients; every ratio below uses it:
+
+* speedup over fat      = fat p50 / packrat p50        (> 1: packrat faster)
+* speedup over defaults = defaults p50 / packrat p50
+* regret                = packrat p50 / oracle p50 - 1 (oracle = fastest measured
+                          candidate shape at that B; < 0 means packrat's own
+                          measurement beat every candidate's, i.e. noise)
+* prediction gap        = packrat p50 / predicted - 1  (predicted = the optimiser's
+                          max_i L(t_i, b_i) from the isolated profile)
+
+A measurement with failed requests is shown but never used as a latency.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from packrat.bench.results import CONFIGS, Measurement, read_measurements, read_records
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    model: str
+    batch: int
+    fat_ms: float | None
+    defaults_ms: float | None
+    packrat_ms: float | None
+    packrat_shape: str | None
+    oracle_ms: float | None
+    oracle_shape: str | None
+    predicted_ms: float | None
+    speedup_vs_fat: float | None
+    speedup_vs_defaults: float | None
+    regret: float | None
+    prediction_gap: float | None
+    packrat_throughput_rps: float | None
+    fat_throughput_rps: float | None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+def latest(ms: Sequence[Measurement]) -> dict[tuple[str, int, str, str], Measurement]:
+    """The last measurement of each (model, B, config, shape): a rerun replaces, never averages."""
+    out: dict[tuple[str, int, str, str], Measurement] = {}
+    for m in sorted(ms, key=lambda m: m.time):
+        out[(m.model, m.batch, m.config, m.shape)] = m
+    return out
+
+
+def summarise(ms: Sequence[Measurement]) -> list[SummaryRow]:
+    by_key = latest(ms)
+    groups: dict[tuple[str, int], list[Measurement]] = {}
+    for m in by_key.values():
+        groups.setdefault((m.model, m.batch), []).append(m)
+    rows = []
+    for (model, batch), group in sorted(groups.items()):
+
+        def one(config: str) -> Measurement | None:
+            cands = [m for m in group if m.config == config and m.valid]
+            return max(cands, key=lambda m: m.time) if cands else None
+
+        fat, defaults, packrat = one("fat"), one("defaults"), one("packrat")
+        oracle_cands = [m for m in group if m.config == "oracle" and m.valid]
+        oracle = min(oracle_cands, key=lambda m: m.p50) if oracle_cands else None
+        p = packrat.p50 if packrat else None
+        regret = _ratio(p, oracle.p50 if oracle else None)
+        gap = _ratio(p, packrat.predicted_ms if packrat else None)
+        rows.append(
+            SummaryRow(
+                model=model,
+                batch=batch,
+                fat_ms=fat.p50 if fat else None,
+                defaults_ms=defaults.p50 if defaults else None,
+                packrat_ms=p,
+                packrat_shape=packrat.shape if packrat else None,
+                oracle_ms=oracle.p50 if oracle else None,
+                oracle_shape=oracle.shape if oracle else None,
+                predicted_ms=packrat.predicted_ms if packrat else None,
+                speedup_vs_fat=_ratio(fat.p50 if fat else None, p),
+                speedup_vs_defaults=_ratio(defaults.p50 if defaults else None, p),
+                regret=None if regret is None else regret - 1.0,
+                prediction_gap=None if gap is None else gap - 1.0,
+                packrat_throughput_rps=packrat.load.get("throughput_rps") if packrat else None,
+                fat_throughput_rps=fat.load.get("throughput_rps") if fat else None,
+            )
+        )
+    return rows
+
+
+# -- rendering -----------------------------------------------------------------
+
+
+def _f(x: float | None, fmt: str = "{:.1f}") -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x * 100:+.1f} %"
+
+
+def _x(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}x"
+
+
+def summary_markdown(rows: Sequence[SummaryRow]) -> str:
+    out = []
+    for model in sorted({r.model for r in rows}):
+        out += [
+            f"### {model}",
+            "",
+            "| B | fat p50 ms | defaults p50 ms | packrat p50 ms | packrat shape | oracle p50 ms | oracle shape"
+            " | packrat vs fat | packrat vs defaults | regret vs oracle | predicted ms | prediction gap |",
+            "|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in (r for r in rows if r.model == model):
+            out.append(
+                f"| {r.batch} | {_f(r.fat_ms)} | {_f(r.defaults_ms)} | {_f(r.packrat_ms)} | {r.packrat_shape or '–'}"
+                f" | {_f(r.oracle_ms)} | {r.oracle_shape or '–'} | {_x(r.speedup_vs_fat)}"
+                f" | {_x(r.speedup_vs_defaults)} | {_pct(r.regret)} | {_f(r.predicted_ms)} | {_pct(r.prediction_gap)} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def measurements_markdown(ms: Sequence[Measurement]) -> str:
+    out = [
+        "| model | B | config | shape | p50 ms | p95 ms | p99 ms | throughput req/s | ok | errors | predicted ms |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    order = {c: i for i, c in enumerate(CONFIGS)}
+    for m in sorted(latest(ms).values(), key=lambda m: (m.model, m.batch, order[m.config], m.shape)):
+        ld = m.load
+        errs = str(ld.get("errors", 0))
+        if ld.get("error_kinds"):
+            errs += " (" + ", ".join(f"{k}: {v}" for k, v in ld["error_kinds"].items()) + ")"
+        out.append(
+            f"| {m.model} | {m.batch} | {m.config} | {m.shape} | {_f(ld.get('p50_ms'))} | {_f(ld.get('p95_ms'))}"
+            f" | {_f(ld.get('p99_ms'))} | {_f(ld.get('throughput_rps'))} | {ld.get('ok', 0)} | {errs}"
+            f" | {_f(m.predicted_ms)} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def capacity_markdown(records: Sequence[dict]) -> str:
+    caps = [r for r in records if r.get("kind") == "capacity"]
+    if not caps:
+        return ""
+    out = [
+        "| target | clients | throughput req/s | p50 ms | p99 ms | generator CPU ms/req | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in caps:
+        ld = r["load"]
+        out.append(
+            f"| {r['target']} | {ld['clients']} | {_f(ld.get('throughput_rps'), '{:.0f}')} | {_f(ld.get('p50_ms'), '{:.2f}')}"
+            f" | {_f(ld.get('p99_ms'), '{:.2f}')} | {_f(ld.get('generator_cpu_ms_per_request'), '{:.3f}')} | {ld.get('errors', 0)} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def notes_markdown(records: Sequence[dict]) -> str:
+    notes = [r for r in records if r.get("kind") == "note"]
+    return "".join(f"- {r.get('model', '')} B={r.get('batch', '')}: {r.get('text', '')}\n" for r in notes)
+
+
+def write_csv(path: Path, rows: Sequence[dict]) -> None:
+    if not rows:
+        path.write_text("")
+        return
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def measurement_rows(ms: Sequence[Measurement]) -> list[dict]:
+    keys = ("ok", "errors", "mean_ms", "p50_ms", "p95_ms", "p99_ms", "max_ms", "throughput_rps",
+            "duration_s", "generator_cpu_ms_per_request")
+    return [
+        {"model": m.model, "batch": m.batch, "config": m.config, "shape": m.shape,
+         "predicted_ms": m.predicted_ms, **{k: m.load.get(k) for k in keys}}
+        for m in sorted(latest(ms).values(), key=lambda m: (m.model, m.batch, m.config, m.shape))
+    ]
+
+
+def plot(rows: Sequence[SummaryRow], path: Path) -> None:
+    """p50 latency against B, one panel per model, the four configurations as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # a file only, never a display
+    import matplotlib.pyplot as plt
+
+    models = sorted({r.model for r in rows})
+    fig, axes = plt.subplots(1, max(len(models), 1), figsize=(5.2 * max(len(models), 1), 4.2), squeeze=False)
+    styles = {
+        "fat": dict(color="tab:red", marker="s"),
+        "defaults": dict(color="tab:gray", marker="^"),
+        "packrat": dict(color="tab:blue", marker="o", linewidth=2),
+        "oracle": dict(color="tab:green", marker="x", linestyle="--"),
+    }
+    try:
+        for ax, model in zip(axes[0], models):
+            mine = [r for r in rows if r.model == model]
+            series = {
+                "fat": [(r.batch, r.fat_ms) for r in mine],
+                "defaults": [(r.batch, r.defaults_ms) for r in mine],
+                "packrat": [(r.batch, r.packrat_ms) for r in mine],
+                "oracle": [(r.batch, r.oracle_ms) for r in mine],
+            }
+            for name, pts in series.items():
+                pts = [(b, v) for b, v in pts if v is not None]
+                if pts:
+                    ax.plot([b for b, _ in pts], [v for _, v in pts], label=name, **styles[name])
+            pred = [(r.batch, r.predicted_ms) for r in mine if r.predicted_ms is not None]
+            if pred:
+                ax.plot([b for b, _ in pred], [v for _, v in pred], color="tab:blue", linestyle=":",
+                        linewidth=1, label="packrat predicted")
+            ax.set_xscale("log", base=2)
+            batches = sorted({r.batch for r in mine})
+            ax.set_xticks(batches, [str(b) for b in batches])
+            ax.set_yscale("log")
+            ax.set_xlabel("load B (closed-loop clients)")
+            ax.set_ylabel("p50 latency (ms)")
+            ax.set_title(model)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+
+
+def write_report(results: str | Path, out_dir: str | Path | None = None, *, chart: bool = True) -> dict[str, Path]:
+    """Read `results` (JSONL) and write summary.md, summary.csv, measurements.csv, latency.png."""
+    results = Path(results)
+    out = Path(out_dir) if out_dir else results.parent
+    out.mkdir(parents=True, exist_ok=True)
+    records = list(read_records(results))
+    ms = read_measurements(results)
+    rows = summarise(ms)
+    paths = {
+        "summary_md": out / "summary.md",
+        "summary_csv": out / "summary.csv",
+        "measurements_csv": out / "measurements.csv",
+    }
+    run = next((r for r in records if r.get("kind") == "run"), None)
+    md = ["# Benchmark results", ""]
+    if run:
+        md += [f"Run `{run.get('run_id')}`: `{run.get('command', '')}`", ""]
+        if run.get("machine"):
+            md += ["Machine: " + ", ".join(f"{k} {v}" for k, v in run["machine"].items()), ""]
+    md += ["## Summary (p50 end-to-end latency)", "", summary_markdown(rows), "## All measurements", "",
+           measurements_markdown(ms)]
+    cap = capacity_markdown(records)
+    if cap:
+        md += ["", "## Load generator capacity", "", cap]
+    notes = notes_markdown(records)
+    if notes:
+        md += ["", "## Notes", "", notes]
+    paths["summary_md"].write_text("\n".join(md))
+    write_csv(paths["summary_csv"], [asdict(r) for r in rows])
+    write_csv(paths["measurements_csv"], measurement_rows(ms))
+    if chart and rows:
+        paths["chart"] = out / "latency.png"
+        plot(rows, paths["chart"])
+    return paths

@@ -1,0 +1,91 @@
+"""Reports are computed from a recorded JSONL only: ratios, regret, gaps, files, torn lines."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from packrat.bench.report import summarise, write_report
+from packrat.bench.results import Measurement, ResultLog, read_measurements, shape_label
+
+
+def _load(p50: float, ok: int = 100, errors: int = 0, thr: float = 10.0) -> dict:
+    return {"ok": ok, "errors": errors, "p50_ms": p50, "p95_ms": p50 * 1.2, "p99_ms": p50 * 1.5,
+            "throughput_rps": thr, "error_kinds": {"http_500": errors} if errors else {}}
+
+
+def _record(log: ResultLog, model: str, batch: int, config: str, inst: list[tuple[int, int]],
+            p50: float, predicted: float | None = None, **kw) -> None:
+    log.measurement(Measurement(model=model, batch=batch, config=config, shape=shape_label(inst),
+                                instances=tuple(inst), predicted_ms=predicted, load=_load(p50, **kw)))
+
+
+@pytest.fixture()
+def results(tmp_path: Path) -> Path:
+    log = ResultLog(tmp_path / "results.jsonl", run_id="t1")
+    log.append("run", {"command": "packrat bench --quick", "machine": {"cpu": "test", "cores": 2}})
+    # resnet B=8: fat 100, defaults 160, packrat 80 (pred 70), oracle candidates 100, 78, 90
+    _record(log, "resnet", 8, "fat", [(2, 8)], 100.0)
+    _record(log, "resnet", 8, "defaults", [], 160.0)
+    _record(log, "resnet", 8, "packrat", [(1, 4), (1, 4)], 80.0, predicted=70.0)
+    _record(log, "resnet", 8, "oracle", [(2, 8)], 100.0)
+    _record(log, "resnet", 8, "oracle", [(1, 4), (1, 4)], 78.0)
+    # a faster candidate whose requests failed must not become the oracle
+    _record(log, "resnet", 8, "oracle", [(1, 8)], 10.0, ok=50, errors=50)
+    _record(log, "resnet", 8, "oracle", [(1, 8)], 90.0)  # rerun of that shape: latest wins
+    # resnet B=1: packrat only
+    _record(log, "resnet", 1, "packrat", [(2, 1)], 20.0, predicted=20.0)
+    log.append("capacity", {"target": "noop", "load": {"clients": 4, "throughput_rps": 900.0, "p50_ms": 4.0,
+                                                       "p99_ms": 9.0, "generator_cpu_ms_per_request": 0.3,
+                                                       "errors": 0}})
+    log.append("note", {"model": "resnet", "batch": 16, "text": "skipped: time budget"})
+    return log.path
+
+
+def test_summary_ratios_follow_their_definitions(results: Path) -> None:
+    rows = {(r.model, r.batch): r for r in summarise(read_measurements(results))}
+    r = rows[("resnet", 8)]
+    assert r.speedup_vs_fat == pytest.approx(100.0 / 80.0)  # fat p50 / packrat p50
+    assert r.speedup_vs_defaults == pytest.approx(160.0 / 80.0)
+    # oracle = fastest valid candidate: 78 (the failed 10 ms one is excluded; its rerun is 90)
+    assert r.oracle_ms == 78.0 and r.oracle_shape == "2x(1t,b4)"
+    assert r.regret == pytest.approx(80.0 / 78.0 - 1.0)
+    assert r.prediction_gap == pytest.approx(80.0 / 70.0 - 1.0)
+    one = rows[("resnet", 1)]
+    assert one.fat_ms is None and one.speedup_vs_fat is None and one.regret is None
+    assert one.prediction_gap == pytest.approx(0.0)
+
+
+def test_write_report_files(results: Path, tmp_path: Path) -> None:
+    paths = write_report(results, tmp_path / "report")
+    md = paths["summary_md"].read_text()
+    assert "packrat bench --quick" in md
+    assert "| 8 | 100.0 | 160.0 | 80.0 | 2x(1t,b4) | 78.0 | 2x(1t,b4) | 1.25x | 2.00x | +2.6 % | 70.0 | +14.3 % |" in md
+    assert "skipped: time budget" in md and "| noop | 4 | 900 |" in md
+    with open(paths["summary_csv"]) as f:
+        summary = list(csv.DictReader(f))
+    assert [(r["model"], r["batch"]) for r in summary] == [("resnet", "1"), ("resnet", "8")]
+    with open(paths["measurements_csv"]) as f:
+        rows = list(csv.DictReader(f))
+    # 8 measurement lines, one of them replaced by a rerun of the same shape -> 7 rows
+    assert len(rows) == 7
+    png = paths["chart"].read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_torn_last_line_is_ignored(results: Path, tmp_path: Path) -> None:
+    before = len(read_measurements(results))
+    with open(results, "a") as f:
+        f.write('{"kind": "measurement", "model": "res')  # killed mid-write
+    assert len(read_measurements(results)) == before
+    assert write_report(results, tmp_path / "r2")["summary_md"].exists()
+
+
+def test_records_are_one_json_object_per_line(results: Path) -> None:
+    lines = results.read_text().splitlines()
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert kinds[0] == "run" and kinds.count("measurement") == 8
+    assert all(json.loads(line)["run_id"] == "t1" for line in lines)
