@@ -1,0 +1,161 @@
+"""`packrat controller` (attach to a running TorchServe) and `packrat serve` (start both)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from packrat.errors import PackratError
+
+DEFAULT_API_PORT = 8085
+
+
+def _parse_cores(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    from packrat.apply.swap import parse_cpu_list
+
+    try:
+        return parse_cpu_list(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--cores wants a CPU list like 0-3 or 0,2: {text!r}") from exc
+
+
+def run_controller(
+    *,
+    management_url: str,
+    metrics_url: str | None,
+    key_file: Path,
+    model_store: Path,
+    state_dir: Path,
+    cores: tuple[int, ...] | None,
+    host: str,
+    port: int,
+    stop: threading.Event | None = None,
+) -> None:
+    """Attach, clean up after a killed predecessor, then serve the REST API until stopped."""
+    import uvicorn
+
+    from packrat.api import create_app
+    from packrat.control import Controller, ControllerSettings
+
+    settings = ControllerSettings(
+        management_url=management_url,
+        metrics_url=metrics_url,
+        key_file=key_file,
+        model_store=model_store,
+        state_dir=state_dir,
+        cores=cores,
+    )
+    controller = Controller(settings)
+    controller.acquire()
+    try:
+        cleaned = controller.attach()
+        for c in cleaned:
+            typer.echo(f"cleaned up after an interrupted swap: {c}", err=True)
+        for m in controller.models():
+            st = controller.model_state(m)
+            shape = (
+                " + ".join(f"{i.threads}t/b{i.batch}" for i in st.plan.instances) if st.plan else "not a Packrat plan"
+            )
+            typer.echo(f"{m}: version {st.version} ({shape})", err=True)
+        stop = stop or threading.Event()
+        ticker = threading.Thread(target=controller.run, args=(stop,), name="controller-tick", daemon=True)
+        ticker.start()
+        config = uvicorn.Config(create_app(controller), host=host, port=port, log_level="warning")
+        server = uvicorn.Server(config)
+        typer.echo(f"packrat controller API on http://{host}:{port} (token: TorchServe management key)", err=True)
+
+        def watch() -> None:
+            stop.wait()
+            server.should_exit = True
+
+        threading.Thread(target=watch, daemon=True).start()
+        server.run()
+        stop.set()
+    finally:
+        controller.release()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("controller")
+    def controller_command(
+        management_url: str = typer.Option("http://127.0.0.1:8081", "--management-url"),
+        metrics_url: Optional[str] = typer.Option("http://127.0.0.1:8082", "--metrics-url"),
+        key_file: Path = typer.Option(Path("key_file.json"), "--key-file", help="TorchServe's key_file.json"),
+        model_store: Path = typer.Option(Path("model-store"), "--model-store"),
+        state_dir: Path = typer.Option(Path(".packrat"), "--state-dir"),
+        cores: Optional[str] = typer.Option(None, "--cores", help="usable cores, e.g. 0-3 [default: affinity]"),
+        host: str = typer.Option("127.0.0.1", "--host", help="REST API address (loopback by default)"),
+        port: int = typer.Option(DEFAULT_API_PORT, "--port", help="REST API port"),
+    ) -> None:
+        """Attach to a running TorchServe and serve the Packrat REST API."""
+        try:
+            run_controller(
+                management_url=management_url,
+                metrics_url=metrics_url,
+                key_file=key_file,
+                model_store=model_store,
+                state_dir=state_dir,
+                cores=_parse_cores(cores),
+                host=host,
+                port=port,
+            )
+        except PackratError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from exc
+
+    @app.command("serve")
+    def serve_command(
+        config: Path = typer.Option(Path("config.properties"), "--config", help="TorchServe config.properties"),
+        model_store: Path = typer.Option(Path("model-store"), "--model-store"),
+        models: list[str] = typer.Option([], "--model", help="model dir in the store to load at start (repeat)"),
+        state_dir: Path = typer.Option(Path(".packrat"), "--state-dir"),
+        cores: Optional[str] = typer.Option(None, "--cores"),
+        host: str = typer.Option("127.0.0.1", "--host"),
+        port: int = typer.Option(DEFAULT_API_PORT, "--port"),
+    ) -> None:
+        """Start TorchServe (with the config's ports) and the controller; Ctrl-C stops both."""
+        from packrat.apply.server import Ports, read_properties, start_torchserve
+
+        try:
+            server = start_torchserve(
+                model_store,
+                state_dir / "torchserve",
+                config_template=config,
+                ports=Ports.fixed_from(read_properties(config)),
+                models=models or None,
+            )
+        except PackratError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from exc
+        typer.echo(
+            f"TorchServe: inference {server.inference_url}, management {server.management_url}, "
+            f"metrics {server.metrics_url}; keys in {server.workdir / 'key_file.json'}",
+            err=True,
+        )
+        stop = threading.Event()
+        for sig in (signal.SIGTERM,):
+            signal.signal(sig, lambda *_: stop.set())
+        try:
+            run_controller(
+                management_url=server.management_url,
+                metrics_url=server.metrics_url,
+                key_file=server.workdir / "key_file.json",
+                model_store=model_store,
+                state_dir=state_dir,
+                cores=_parse_cores(cores),
+                host=host,
+                port=port,
+                stop=stop,
+            )
+        except PackratError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from exc
+        finally:
+            typer.echo("stopping TorchServe", err=True)
+            server.stop()
