@@ -1,0 +1,173 @@
+"""Estimate the live batch B of a model from its counters: a pure function.
+
+    estimate(state, observation, settings) -> (Estimate, new_state)
+
+B is the number of requests in the server at once. By Little's law the
+time-average number of requests in a system equals the total time they spent
+in it divided by the wall time: over a window,
+
+    concurrency = Δ ts_inference_latency_microseconds / Δ wall time
+
+(the latency counter runs from arrival to response, queue included; see
+metrics.py). Closed-loop clients that each keep one request outstanding give
+concurrency ≈ number of clients, which is the B the paper plans for.
+
+Why counters and not the describe API's `pendingRequests`: that is a
+snapshot of queued jobs only (not the batches workers are running), so one
+reading says little; the counters integrate every request over the window.
+`pendingRequests` is used only to tell "idle" from "every request is slower
+than the window".
+
+Smoothing follows the paper: an EWMA of the per-tick concurrency, rounded to
+a power of two (profiles are taken at powers of two), then the mode of the
+last k rounded values, here a strict majority (see `majority`), so one noisy
+window cannot move B and a ramp does not drag it through every level.
+
+The caller owns the state (a frozen value) and the clock (the observation's
+time_s); nothing here reads time or talks to TorchServe.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from packrat.types import Observation
+
+
+@dataclass(frozen=True)
+class EstimatorSettings:
+    # Little's-law window. Well above one request's latency (the latency
+    # counter grows only when a request finishes, in one lump), but short:
+    # after a load step the window's value ramps linearly for window_s, and
+    # a long ramp walks the estimate through intermediate powers of two.
+    # 5 s: with 1 s ticks a step from 1 to 8 clients reads as 8 after ~7 s.
+    window_s: float = 5.0
+    # Weight of the newest window in the EWMA (paper: an EWMA).
+    alpha: float = 0.5
+    # B moves to a value only when it is the majority of this many rounded
+    # estimates (ticks, 1 s each in the controller); else the previous B holds.
+    mode_k: int = 5
+    # First estimate only once the window spans at least this much time.
+    min_span_s: float = 1.0
+    # Clamp of the estimate; plans beyond the profile make no sense.
+    max_batch: int = 1024
+
+
+@dataclass(frozen=True)
+class EstimatorState:
+    # Observations inside the window, oldest first (the oldest is the base).
+    samples: tuple[Observation, ...] = ()
+    ewma: float | None = None
+    recent: tuple[int, ...] = ()  # last mode_k rounded estimates
+    batch: int = 1  # current smoothed estimate
+    resets: int = 0  # counter resets seen (TorchServe restarts)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    time_s: float
+    model: str
+    batch: int  # smoothed B: the majority of recent rounded EWMA values
+    ready: bool  # False until the window has span (batch is then the prior one)
+    concurrency: float | None = None  # raw Little's-law value of this window
+    ewma: float | None = None
+    rounded: int | None = None  # EWMA rounded to a power of two
+    request_rate: float | None = None  # arrivals per second in the window
+    mean_latency_ms: float | None = None  # Δ latency / Δ requests in the window
+    mean_queue_ms: float | None = None
+    span_s: float | None = None
+    idle: bool = False  # no request arrived or finished in the window
+    reset: bool = False  # counters went backwards: TorchServe restarted
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def round_pow2(x: float, max_batch: int = 1024) -> int:
+    """Nearest power of two in log scale (3 -> 4, 5 -> 4, 6 -> 8), at least 1."""
+    if x <= 1.0:
+        return 1
+    p = 2 ** round(math.log2(x))
+    return int(min(max(p, 1), max_batch))
+
+
+def majority(values: tuple[int, ...], k: int, previous: int) -> int:
+    """The value held by more than half of the last k values, else `previous`.
+
+    The paper takes the mode of the last few estimates. A plain mode (ties to
+    the newest) follows a ramp step by step: 1 -> 2 -> 4 -> 8 after a jump
+    from 1 to 8 clients, and each step could cost a swap. Asking for a
+    majority of k holds the old value until the new one is clearly there.
+    """
+    if not values:
+        return previous
+    value, count = Counter(values).most_common(1)[0]
+    return value if count > k / 2 else previous
+
+
+def _went_backwards(prev: Observation, obs: Observation) -> bool:
+    if obs.requests_total < prev.requests_total or obs.latency_us_total < prev.latency_us_total:
+        return True
+    q0, q1 = prev.queue_latency_us_total, obs.queue_latency_us_total
+    return q0 is not None and q1 is not None and q1 < q0
+
+
+def estimate(
+    state: EstimatorState,
+    obs: Observation,
+    settings: EstimatorSettings = EstimatorSettings(),
+) -> tuple[Estimate, EstimatorState]:
+    """Fold one observation into the estimate. Pure: same inputs, same outputs."""
+    hold = Estimate(time_s=obs.time_s, model=obs.model, batch=state.batch, ready=False,
+                    ewma=state.ewma)
+    if state.samples:
+        last = state.samples[-1]
+        if obs.time_s <= last.time_s:
+            # A stale or repeated reading: nothing to learn, nothing changes.
+            return hold, state
+        if _went_backwards(last, obs):
+            # TorchServe restarted (or a series vanished): counters restarted
+            # from zero, so a delta across this point is meaningless. Start a
+            # new window here; keep the smoothed estimate, which is still the
+            # best guess of the load.
+            new = replace(state, samples=(obs,), resets=state.resets + 1)
+            return replace(hold, reset=True), new
+
+    # Keep the newest sample at or before (now - window) as the base, so the
+    # window spans at least window_s once enough history exists.
+    samples = state.samples + (obs,)
+    horizon = obs.time_s - settings.window_s
+    while len(samples) >= 2 and samples[1].time_s <= horizon:
+        samples = samples[1:]
+    base = samples[0]
+    span = obs.time_s - base.time_s
+    if len(samples) < 2 or span < settings.min_span_s:
+        return hold, replace(state, samples=samples)
+
+    d_req = obs.requests_total - base.requests_total
+    d_lat_us = obs.latency_us_total - base.latency_us_total
+    d_queue_us = None
+    if obs.queue_latency_us_total is not None and base.queue_latency_us_total is not None:
+        d_queue_us = obs.queue_latency_us_total - base.queue_latency_us_total
+    concurrency = d_lat_us / 1e6 / span
+    idle = d_req == 0 and d_lat_us == 0 and not obs.pending_requests
+    mean_latency_ms = d_lat_us / d_req / 1000.0 if d_req > 0 else None
+    mean_queue_ms = d_queue_us / d_req / 1000.0 if (d_req > 0 and d_queue_us is not None) else None
+
+    # An idle window feeds 0 into the EWMA: the estimate decays towards 1 and
+    # stays there (round_pow2 clamps at 1); the policy refuses to swap on idle.
+    ewma = concurrency if state.ewma is None else (
+        settings.alpha * concurrency + (1.0 - settings.alpha) * state.ewma)
+    rounded = round_pow2(ewma, settings.max_batch)
+    recent = (state.recent + (rounded,))[-settings.mode_k:]
+    batch = majority(recent, settings.mode_k, state.batch)
+
+    est = Estimate(
+        time_s=obs.time_s, model=obs.model, batch=batch, ready=True,
+        concurrency=concurrency, ewma=ewma, rounded=rounded,
+        request_rate=d_req / span, mean_latency_ms=mean_latency_ms,
+        mean_queue_ms=mean_queue_ms, span_s=span, idle=idle,
+    )
+    return est, replace(state, samples=samples, ewma=ewma, recent=recent, batch=batch)

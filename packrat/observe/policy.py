@@ -1,0 +1,293 @@
+"""Whether to swap to the plan for the estimated B: a pure decision function.
+
+    decide(state, context) -> (Decision, new_state)
+
+After Ray Serve's autoscaling policy: the caller (packrat.control) owns and
+persists the state and injects the clock (`context.now_s`); nothing here reads
+time, talks to TorchServe or keeps hidden state, so a restarted controller
+resumes from the persisted state and tests drive ticks by calling decide().
+
+Rules, in order (the first that applies gives the reason):
+  disabled            the model is pinned to a fixed plan (REST switch)
+  swap-in-progress    never start a swap while one runs
+  warming-up          the estimator has no full window yet
+  idle                no traffic: B says nothing about the next load
+  no-plan             no candidate plan for the estimated B
+  no-active-plan      nothing applied yet -> swap (the initial plan)
+  no-prediction       the active plan cannot be scored at this B
+  same-plan           the best plan for B is the one running
+  estimate-settling   B changed less than min_stable_s ago (a short spike
+                      and its queue drain can move a 5 s window for a few
+                      seconds: recorded in tests/data/observe/spike.jsonl)
+  dwell               the last swap was less than min_dwell_s ago
+  gain-below-threshold  predicted gain ≤ gain_threshold
+  gain                -> swap
+
+Gain is a speedup minus one: L_active(B) / L_candidate(B) - 1, both
+predicted at the estimated B (0.10 = the candidate is 1.1x faster).
+
+Contention. Profiles time one instance alone; instances side by side are
+slower (memory bandwidth, caches; the paper saw 12-15 %). Once a plan has run
+for settle_s at the load it was planned for, the policy compares the observed
+mean request latency with the plan's prediction and keeps, per model,
+
+    factor(n) = base · (1 + per_corunner · (n - 1))      n = workers in a plan
+
+`base` (EWMA of observed/predicted for one-worker plans) absorbs what every
+plan shares (HTTP, serialisation, queueing); `per_corunner` (EWMA of the
+excess per extra co-running worker, measured on plans with n ≥ 2) is the
+contention. Candidates are compared with corrected latencies, so a large
+per_corunner can make the policy prefer fewer, fatter workers, or not swap at
+all; Decision.correction_changed_choice says when that happened and
+Decision.latency_gap reports observed/predicted - 1 of the active plan.
+Until a one-worker plan has been observed, base stays 1 and the whole gap of
+a multi-worker plan is booked as contention (one plan cannot tell them apart).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from packrat.observe.estimator import Estimate
+from packrat.observe.predict import same_shape
+from packrat.types import Plan
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    # Swap only if the candidate is predicted this much faster (0.10 = 1.1x).
+    gain_threshold: float = 0.10
+    # No new swap sooner than this after the last one (a swap costs seconds of
+    # 2-3x latency; the paper's own admitted cost), so noise cannot flap plans.
+    min_dwell_s: float = 60.0
+    # The estimated B must have held this long before a swap to its plan.
+    min_stable_s: float = 5.0
+    # Observed latency is trusted for the correction only this long after the
+    # active plan came in (warm-up, queues left over from the swap).
+    settle_s: float = 15.0
+    # EWMA weight of each new observed/predicted ratio.
+    correction_alpha: float = 0.3
+    # Ratios outside [1/max_ratio, max_ratio] are clamped: a stall or a
+    # mis-profiled point should not throw the correction arbitrarily far.
+    max_ratio: float = 4.0
+    # Use the correction when choosing (it is always measured and reported).
+    use_correction: bool = True
+
+
+@dataclass(frozen=True)
+class Correction:
+    """Per-model gap between observed and profiled latency (see module doc)."""
+
+    base: float = 1.0
+    per_corunner: float = 0.0
+    base_samples: int = 0
+    corunner_samples: int = 0
+    last_ratio: float | None = None  # observed / predicted of the active plan, last tick
+
+    def factor(self, workers: int) -> float:
+        return self.base * (1.0 + self.per_corunner * max(workers - 1, 0))
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    last_swap_s: float | None = None
+    swaps: int = 0
+    correction: Correction = field(default_factory=Correction)
+    seen_batch: int | None = None  # the estimated B of the last ready tick
+    seen_since_s: float | None = None  # since when it has had that value
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    now_s: float  # the caller's clock
+    model: str
+    estimate: Estimate
+    current: Plan | None  # the active plan (None: nothing applied yet)
+    # The active plan's predicted latency at estimate.batch
+    # (packrat.observe.predict.plan_latency_at); None if it cannot be scored.
+    current_latency_ms: float | None
+    # Realisable plans for estimate.batch, the optimiser's choice first
+    # (packrat.plan.realizable_plan, then e.g. predict.uniform_candidates).
+    candidates: tuple[Plan, ...]
+    enabled: bool = True
+    swap_in_progress: bool = False
+    # When the active plan finished swapping in (None: unknown, e.g. it was
+    # there before the controller started). Dwell and settle count from the
+    # later of this and the last swap this policy ordered.
+    active_since_s: float | None = None
+    settings: PolicySettings = field(default_factory=PolicySettings)
+
+
+@dataclass(frozen=True)
+class Decision:
+    time_s: float
+    model: str
+    swap: bool
+    reason: str
+    estimated_batch: int
+    active_batch: int | None
+    target: Plan | None  # the plan to swap to (the corrected choice), if any
+    optimiser_choice: Plan | None  # candidates[0]
+    current_ms: float | None  # active plan at estimated B, as profiled
+    candidate_ms: float | None  # optimiser's choice, as profiled
+    predicted_gain: float | None  # from profiles alone
+    corrected_current_ms: float | None
+    corrected_candidate_ms: float | None  # the corrected choice
+    corrected_gain: float | None  # what the threshold is applied to
+    correction_changed_choice: bool
+    observed_ms: float | None  # mean request latency over the estimator window
+    latency_gap: float | None  # observed/predicted - 1 of the active plan (settled)
+    correction: Correction
+    estimate: Estimate
+    estimate_stable_s: float = 0.0  # how long the estimated B has held
+
+    def to_json(self) -> dict:
+        """One flat-ish JSON object: the structured log line and the status entry."""
+        c = self.correction
+        return {
+            "time_s": round(self.time_s, 3),
+            "model": self.model,
+            "swap": self.swap,
+            "reason": self.reason,
+            "estimated_batch": self.estimated_batch,
+            "active_batch": self.active_batch,
+            "target": plan_summary(self.target),
+            "optimiser_choice": plan_summary(self.optimiser_choice),
+            "current_ms": _r(self.current_ms),
+            "candidate_ms": _r(self.candidate_ms),
+            "predicted_gain": _r(self.predicted_gain),
+            "corrected_current_ms": _r(self.corrected_current_ms),
+            "corrected_candidate_ms": _r(self.corrected_candidate_ms),
+            "corrected_gain": _r(self.corrected_gain),
+            "correction_changed_choice": self.correction_changed_choice,
+            "estimate_stable_s": _r(self.estimate_stable_s, 3),
+            "observed_ms": _r(self.observed_ms),
+            "latency_gap": _r(self.latency_gap),
+            "correction": {"base": _r(c.base), "per_corunner": _r(c.per_corunner),
+                           "base_samples": c.base_samples,
+                           "corunner_samples": c.corunner_samples},
+            "estimate": {"ready": self.estimate.ready, "idle": self.estimate.idle,
+                         "reset": self.estimate.reset,
+                         "concurrency": _r(self.estimate.concurrency),
+                         "ewma": _r(self.estimate.ewma), "rounded": self.estimate.rounded,
+                         "request_rate": _r(self.estimate.request_rate)},
+        }
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def plan_summary(plan: Plan | None) -> dict | None:
+    """A plan as it reads in a log line: batch, workers as [threads, cap], prediction."""
+    if plan is None:
+        return None
+    return {"batch": plan.batch,
+            "workers": [[i.threads, i.batch] for i in plan.instances],
+            "predicted_ms": _r(plan.predicted_latency_ms)}
+
+
+def _since(state: PolicyState, ctx: PolicyContext) -> float | None:
+    marks = [t for t in (state.last_swap_s, ctx.active_since_s) if t is not None]
+    return max(marks) if marks else None
+
+
+def update_correction(corr: Correction, ratio: float, workers: int,
+                      settings: PolicySettings) -> Correction:
+    """Fold one observed/predicted ratio of a `workers`-worker plan into the correction."""
+    r = min(max(ratio, 1.0 / settings.max_ratio), settings.max_ratio)
+    a = settings.correction_alpha
+    if workers <= 1:
+        base = r if corr.base_samples == 0 else a * r + (1 - a) * corr.base
+        return replace(corr, base=base, base_samples=corr.base_samples + 1, last_ratio=r)
+    # Excess per co-runner implied by this plan, given what one worker alone shows.
+    per = (r / corr.base - 1.0) / (workers - 1)
+    pc = per if corr.corunner_samples == 0 else a * per + (1 - a) * corr.per_corunner
+    return replace(corr, per_corunner=pc, corunner_samples=corr.corunner_samples + 1,
+                   last_ratio=r)
+
+
+def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyState]:
+    """One tick of the re-plan decision. Pure."""
+    s = ctx.settings
+    est = ctx.estimate
+    cur = ctx.current
+    since = _since(state, ctx)
+
+    # 0. How long has the estimate held its value?
+    seen_batch, seen_since = state.seen_batch, state.seen_since_s
+    if est.ready and est.batch != seen_batch:
+        seen_batch, seen_since = est.batch, ctx.now_s
+    stable_for = ctx.now_s - seen_since if seen_since is not None else 0.0
+
+    # 1. Learn the contention gap from the active plan, once settled at its own load.
+    corr = state.correction
+    gap = None
+    settled = since is None or ctx.now_s - since >= s.settle_s
+    if (cur is not None and not ctx.swap_in_progress and est.ready and not est.idle
+            and est.mean_latency_ms is not None and est.batch == cur.batch and settled
+            and cur.predicted_latency_ms > 0):
+        ratio = est.mean_latency_ms / cur.predicted_latency_ms
+        corr = update_correction(corr, ratio, len(cur.instances), s)
+        gap = ratio - 1.0
+
+    def f(plan: Plan) -> float:
+        return corr.factor(len(plan.instances)) if s.use_correction else 1.0
+
+    # 2. Score: the optimiser's choice as profiled, and the best once corrected.
+    raw = ctx.candidates[0] if ctx.candidates else None
+    chosen = (min(ctx.candidates, key=lambda p: p.predicted_latency_ms * f(p))
+              if ctx.candidates else None)
+    cur_ms = ctx.current_latency_ms
+    raw_ms = raw.predicted_latency_ms if raw is not None else None
+    gain = cur_ms / raw_ms - 1.0 if (cur_ms and raw_ms) else None
+    ccur_ms = cur_ms * f(cur) if (cur_ms is not None and cur is not None) else None
+    cch_ms = chosen.predicted_latency_ms * f(chosen) if chosen is not None else None
+    cgain = ccur_ms / cch_ms - 1.0 if (ccur_ms and cch_ms) else None
+
+    def would_swap(g: float | None, target: Plan | None) -> bool:
+        return g is not None and g > s.gain_threshold and not same_shape(cur, target)
+
+    changed = (would_swap(gain, raw) != would_swap(cgain, chosen)
+               or (would_swap(gain, raw) and not same_shape(raw, chosen)))
+
+    # 3. The rules, first match wins.
+    swap = False
+    if not ctx.enabled:
+        reason = "disabled"
+    elif ctx.swap_in_progress:
+        reason = "swap-in-progress"
+    elif not est.ready:
+        reason = "warming-up"
+    elif est.idle:
+        reason = "idle"
+    elif chosen is None:
+        reason = "no-plan"
+    elif cur is None:
+        swap, reason = True, "no-active-plan"
+    elif cur_ms is None:
+        reason = "no-prediction"
+    elif same_shape(cur, chosen):
+        reason = "same-plan"
+    elif stable_for < s.min_stable_s:
+        reason = "estimate-settling"
+    elif since is not None and ctx.now_s - since < s.min_dwell_s:
+        reason = "dwell"
+    elif cgain is None or cgain <= s.gain_threshold:
+        reason = "gain-below-threshold"
+    else:
+        swap, reason = True, "gain"
+
+    decision = Decision(
+        time_s=ctx.now_s, model=ctx.model, swap=swap, reason=reason,
+        estimated_batch=est.batch, active_batch=cur.batch if cur else None,
+        target=chosen if swap else None, optimiser_choice=raw,
+        current_ms=cur_ms, candidate_ms=raw_ms, predicted_gain=gain,
+        corrected_current_ms=ccur_ms, corrected_candidate_ms=cch_ms, corrected_gain=cgain,
+        correction_changed_choice=changed, observed_ms=est.mean_latency_ms,
+        latency_gap=gap, correction=corr, estimate=est, estimate_stable_s=stable_for,
+    )
+    new_state = replace(state, correction=corr, seen_batch=seen_batch, seen_since_s=seen_since)
+    if swap:
+        new_state = replace(new_state, last_swap_s=ctx.now_s, swaps=state.swaps + 1)
+    return decision, new_state
