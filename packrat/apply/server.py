@@ -163,6 +163,16 @@ class RunningServer:
     def management_headers(self) -> dict[str, str]:
         return self.keys.management_headers()
 
+    @property
+    def key_file(self) -> Path:
+        return self.workdir / "key_file.json"
+
+    def management_client(self):
+        """A ManagementClient for this server (re-reads the key file as TorchServe rotates it)."""
+        from packrat.apply.client import ManagementClient
+
+        return ManagementClient(self.management_url, self.key_file)
+
     def is_running(self) -> bool:
         if self._proc is not None:
             return self._proc.poll() is None

@@ -1,0 +1,48 @@
+"""TorchServe entry point of every Packrat archive (copied into the archive as-is).
+
+TorchServe imports this module from the archive directory and calls
+`handle(None, context)` once to initialise, then `handle(batch, context)` per
+batch. Importing it does nothing else: no torch import, no global settings.
+
+Profiler interface (times exactly the path handle() takes, outside TorchServe):
+
+    import packrat_handler                        # archive dir on sys.path
+    task = packrat_handler.load_task(model_dir, model_yaml_config)
+    requests = task.sample_requests(n)            # [{"body": bytes}, ...]
+    responses = task.run(requests)                # == postprocess(forward(preprocess(requests)))
+
+See docs/handler.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_task = None  # the loaded Task of this worker process
+
+
+def load_task(model_dir: str, model_yaml_config: dict[str, Any]):
+    """Load the archive's model and return its Task (no thread pinning here)."""
+    from packrat_tasks import build_task
+
+    return build_task(model_dir, model_yaml_config or {})
+
+
+def initialize(context) -> None:
+    global _task
+    # First: claim this worker's slot and pin it, before torch starts thread pools
+    # and before the model's memory is touched. None when the version has no plan.
+    from packrat.apply.slots import claim_and_pin
+
+    claim_and_pin(context.model_yaml_config)
+    _task = load_task(context.system_properties["model_dir"], context.model_yaml_config)
+
+
+def handle(data, context):
+    if data is None:  # TorchServe's initialisation call for function entry points
+        if _task is None:
+            initialize(context)
+        return None
+    if _task is None:
+        initialize(context)
+    return _task.handle(data, context)

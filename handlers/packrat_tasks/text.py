@@ -1,0 +1,138 @@
+"""`text-classification` (BERT-family with a classifier head) and `feature-extraction`
+(a BERT-family encoder, mean-pooled and L2-normalised, as sentence-transformers'
+all-MiniLM-L6-v2 does).
+
+Input per request: raw UTF-8 text, or JSON {"text": "..."}. Texts longer than
+`packrat.max_length` tokens (special tokens included) are refused with 413
+rather than silently truncated.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from packrat_tasks.base import Batch, RequestError, Task, get_field, parse_json_or_text
+from packrat_tasks.runtime import make_runner, runtime_name
+
+SAMPLE_SENTENCE = (
+    "The quick brown fox jumps over the lazy dog while the servers in the data centre "
+    "answer thousands of requests about weather, travel, music and the price of coffee. "
+)
+
+
+def sample_text(tokenizer, n_tokens: int) -> str:
+    """A plain English text that tokenises to at most n_tokens (special tokens included)."""
+    words = (SAMPLE_SENTENCE * (n_tokens // 8 + 2)).split()
+    lo, hi = 1, len(words)
+    while lo < hi:  # longest prefix that fits
+        mid = (lo + hi + 1) // 2
+        if len(tokenizer(" ".join(words[:mid])).input_ids) <= n_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return " ".join(words[:lo])
+
+
+class _Classifier(torch.nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
+
+
+class _MeanPooledEncoder(torch.nn.Module):
+    """Encoder + mean pooling over real tokens + L2 normalisation, in one graph."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        summed = (hidden * mask).sum(dim=1)
+        pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+
+
+class _TextTask(Task):
+    auto_class = "AutoModel"
+    adapter = _MeanPooledEncoder
+
+    def __init__(self, model_dir: str, config: dict[str, Any]) -> None:
+        super().__init__(model_dir, config)
+        import transformers
+
+        section = config.get("packrat") or {}
+        path = os.path.join(model_dir, section.get("model_dir", "model"))
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        self.model = getattr(transformers, self.auto_class).from_pretrained(path).eval()
+        self.max_length = int(section.get("max_length", 128))
+        # Graph mode runs fixed shapes: every batch is padded to max_length.
+        self.fixed_length = runtime_name(config) != "eager"
+        example = self._encode([[self.tokenizer.cls_token_id or 0] * 8] * 2, self.max_length)
+        self.runner = make_runner(self.adapter(self.model), example, config)
+
+    def parse(self, request: dict) -> list[int]:
+        obj = parse_json_or_text(request)
+        text = get_field(obj, "text", str, required=True) if isinstance(obj, dict) else obj
+        if not text.strip():
+            raise RequestError(400, "empty text")
+        ids = self.tokenizer(text, add_special_tokens=True).input_ids
+        if len(ids) > self.max_length:
+            raise RequestError(
+                413, f"text is {len(ids)} tokens long; this model accepts at most {self.max_length}"
+            )
+        return ids
+
+    def _encode(self, rows: list[list[int]], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.full((len(rows), length), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for r, row in enumerate(rows):
+            ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[r, : len(row)] = 1
+        return ids, mask
+
+    def collate(self, batch: Batch) -> None:
+        rows = [batch.items[i] for i in batch.valid]
+        length = self.max_length if self.fixed_length else max(len(r) for r in rows)
+        batch.inputs["input_ids"], batch.inputs["attention_mask"] = self._encode(rows, length)
+
+    def forward(self, batch: Batch) -> Batch:
+        batch.outputs = self.runner(batch.inputs["input_ids"], batch.inputs["attention_mask"])
+        return batch
+
+    def sample_requests(self, n: int) -> list[dict]:
+        text = sample_text(self.tokenizer, self.max_length)
+        return [{"body": text.encode("utf-8")} for _ in range(n)]
+
+
+class FeatureExtractionTask(_TextTask):
+    name = "feature-extraction"
+
+    def respond(self, batch: Batch) -> list[Any]:
+        return [{"embedding": row.tolist()} for row in batch.outputs.float()]
+
+
+class TextClassificationTask(_TextTask):
+    name = "text-classification"
+    auto_class = "AutoModelForSequenceClassification"
+    adapter = _Classifier
+
+    def respond(self, batch: Batch) -> list[Any]:
+        id2label = self.model.config.id2label
+        probs = torch.softmax(batch.outputs.float(), dim=-1)
+        out = []
+        for row in probs:
+            best = int(row.argmax())
+            out.append({
+                "label": id2label[best],
+                "scores": {id2label[j]: float(p) for j, p in enumerate(row)},
+            })
+        return out

@@ -1,0 +1,11 @@
+"""Model archives: TorchServe no-archive directories built from local HF dirs or named architectures."""
+
+from packrat.archive.builder import (
+    ArchiveOptions,
+    build_from_dir,
+    build_named,
+    build_noop,
+    infer_task,
+)
+
+__all__ = ["ArchiveOptions", "build_from_dir", "build_named", "build_noop", "infer_task"]

@@ -1,0 +1,43 @@
+"""Shared fixtures: tiny archives built once per session, real TorchServe per module.
+
+`tiny_store` builds every tiny archive into one temporary model store (seeded
+weights, local tokenizers, ~30 s). `torchserve` starts one TorchServe on free
+loopback ports per test module, token authorisation on, and stops it — also
+when a test fails — so modules share the JVM start-up cost.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from packrat.apply.server import RunningServer, start_torchserve
+
+
+def _build_tiny_store(store: Path) -> Path:
+    from packrat.archive import ArchiveOptions, build_from_dir, build_named
+    from packrat.archive.local_tokenizers import minilm_dir
+
+    build_named("noop", store)
+    build_named("tiny-bert", store)
+    build_named("tiny-bert", store, "tiny-bert-ts", ArchiveOptions(runtime="torchscript"))
+    # Batching archive for mixed good/bad batches: up to 4 requests, wait 300 ms.
+    build_named("tiny-bert", store, "tiny-bert-b4",
+                ArchiveOptions(batch_size=4, max_batch_delay_ms=300))
+    build_from_dir(minilm_dir(), store, "minilm")
+    return store
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build_tiny_store(tmp_path_factory.mktemp("model-store"))
+
+
+@pytest.fixture(scope="module")
+def torchserve(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
+    server: RunningServer = start_torchserve(tiny_store, tmp_path_factory.mktemp("torchserve"))
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,98 @@
+"""End to end through a real TorchServe: archives register by directory name,
+token auth is enforced, the handler answers, stop() leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import requests
+
+from packrat.apply.server import start_torchserve
+
+pytestmark = pytest.mark.torchserve
+
+
+def test_noop_and_tiny_bert_served_with_token(torchserve) -> None:
+    client = torchserve.management_client()
+    for name in ("noop", "tiny-bert"):
+        client.register(name, name, 1)
+    url = torchserve.inference_url
+    headers = torchserve.inference_headers()
+
+    echo = requests.post(f"{url}/predictions/noop", data=b"hello packrat", headers=headers, timeout=60)
+    assert echo.status_code == 200
+    assert echo.content == b"hello packrat"
+
+    r = requests.post(f"{url}/predictions/tiny-bert", data="a short review".encode(),
+                      headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body["scores"]) == {"LABEL_0", "LABEL_1"}
+    assert body["label"] == max(body["scores"], key=body["scores"].get)
+    assert abs(sum(body["scores"].values()) - 1.0) < 1e-5
+
+
+def test_request_without_or_with_wrong_token_is_refused(torchserve) -> None:
+    if not _registered(torchserve, "noop"):
+        torchserve.management_client().register("noop", "noop", 1)
+    url = f"{torchserve.inference_url}/predictions/noop"
+    assert requests.post(url, data=b"x", timeout=30).status_code in (400, 401)
+    bad = {"Authorization": "Bearer not-the-key"}
+    refused = requests.post(url, data=b"x", headers=bad, timeout=30)
+    assert refused.status_code in (400, 401)
+    assert "Token Authorization failed" in refused.text
+    # The management key is not an inference key either.
+    assert requests.post(url, data=b"x", headers=torchserve.management_headers(),
+                         timeout=30).status_code in (400, 401)
+    # Management API refuses without its key as well.
+    assert requests.get(f"{torchserve.management_url}/models", timeout=30).status_code in (400, 401)
+
+
+def _registered(server, name: str) -> bool:
+    r = requests.get(f"{server.management_url}/models/{name}", headers=server.management_headers(),
+                     timeout=30)
+    return r.status_code == 200
+
+
+def test_stop_leaves_no_process_and_two_servers_coexist(tiny_store, tmp_path) -> None:
+    a = start_torchserve(tiny_store, tmp_path / "a")
+    try:
+        b = start_torchserve(tiny_store, tmp_path / "b")
+        try:
+            assert a.ports != b.ports
+            for s in (a, b):
+                s.management_client().register("noop", "noop", 1)
+                r = requests.post(f"{s.inference_url}/predictions/noop", data=b"x",
+                                  headers=s.inference_headers(), timeout=60)
+                assert r.status_code == 200
+            worker_pid = a.management_client().describe("noop")["workers"][0]["pid"]
+        finally:
+            b.stop()
+        # b's stop did not touch a
+        assert requests.get(f"{a.inference_url}/ping", headers=a.inference_headers(),
+                            timeout=10).status_code == 200
+    finally:
+        a.stop()
+    for pid in (a.pid, worker_pid):
+        assert not _alive(pid), f"pid {pid} survived stop()"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_start_failure_reports_log_tail(tiny_store, tmp_path) -> None:
+    from packrat.errors import TorchServeError
+
+    bad = tmp_path / "bad.properties"
+    bad.write_text("inference_address=http://127.0.0.1:notaport\n")
+    with pytest.raises(TorchServeError) as info:
+        start_torchserve(tiny_store, tmp_path / "w", config_template=bad, timeout_s=60,
+                         extra_properties={"inference_address": "http://127.0.0.1:notaport"})
+    assert "torchserve.out" in str(info.value) or "ts_log" in str(info.value)
+    assert not os.path.exists(tmp_path / "w" / "server.json")
