@@ -158,3 +158,15 @@ def test_bad_input_one_line_exit_2(tmp_path: Path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), (case, r.stderr)
         assert "Traceback" not in r.stderr, case
+
+
+def test_cover_flag(tmp_path: Path):
+    # 2 cores, batches 1, 2, 4 at 1 thread: B=7 exactly needs 4+2+1 (3 instances,
+    # 3 threads) -> exit 2; --cover: 2 x (1,4) = 23 ms covers 8 >= 7.
+    path = tmp_path / "y.csv"
+    path.write_text("threads,batch,latency_ms\n1,1,8\n1,2,13\n1,4,23\n2,4,14\n")
+    r = packrat("plan", "--profile", str(path), "--cores", "2", "--batch", "7", "--json")
+    assert r.returncode == 2 and "--cover" in r.stderr
+    r = packrat("plan", "--profile", str(path), "--cores", "2", "--batch", "7", "--json", "--cover")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["instances"] == [{"threads": 1, "batch": 4, "latency_ms": 23.0}] * 2

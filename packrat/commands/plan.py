@@ -45,11 +45,13 @@ def _try(fn, *args) -> Plan | str:
         return str(exc)
 
 
-def _render_table(profile: Profile, shown: Plan, other: Plan | str, realizable: bool) -> str:
+def _render_table(profile: Profile, shown: Plan, other: Plan | str, realizable: bool,
+                  cover: bool) -> str:
     fp = profile.fingerprint
     measured = (f"{fp.cpu_model}, {fp.usable_cores} cores, {fp.allocator}, "
                 f"torch {fp.torch_version}, {fp.mode}") if fp else "no fingerprint"
-    kind = "realisable (one shared batch cap)" if realizable else "optimal"
+    kind = ("realisable (one shared batch cap)" if realizable
+            else "optimal, covering (Σ batch ≥ B)" if cover else "optimal (Σ batch = B)")
     lines = [
         f"profile   {profile.model_id} ({measured}; scope {profile.scope})",
         f"load      batch {shown.batch} on {shown.cores} cores",
@@ -75,14 +77,16 @@ def _render_table(profile: Profile, shown: Plan, other: Plan | str, realizable: 
         lines.append(f"expected speedup   {shown.expected_speedup:.2f}x")
     optimal, real = (other, shown) if realizable else (shown, other)
     if isinstance(other, str):
-        what = "unconstrained optimum" if realizable else "realisable plan"
+        what = ("unconstrained optimum" + (" (covering)" if cover else "")
+                if realizable else "realisable plan")
         lines.append(f"{what}: none ({other})")
     else:
         assert isinstance(optimal, Plan) and isinstance(real, Plan)
         gap = realizable_gap(optimal, real)
         if realizable:
             lines.append(f"unconstrained      {optimal.predicted_latency_ms:.3f} ms "
-                         f"(this plan is {gap:+.1%} slower)")
+                         f"({'covering, ' if cover else ''}"
+                         f"this plan is {gap:+.1%} slower)")
         else:
             caps = real.instances[0]
             lines.append(f"realisable         {real.predicted_latency_ms:.3f} ms "
@@ -92,15 +96,19 @@ def _render_table(profile: Profile, shown: Plan, other: Plan | str, realizable: 
 
 
 def run_plan(profile_path: Path, cores_text: str, batch_text: str, as_json: bool,
-             realizable: bool, plot: Path | None) -> str:
+             realizable: bool, plot: Path | None, cover: bool = False) -> str:
     """Everything `packrat plan` does, returning its output; PackratError on bad input."""
     cores = _positive_int(cores_text, "--cores")
     batch = _positive_int(batch_text, "--batch")
     profile = load_profile(profile_path)
+
+    def optimum(p: Profile, t: int, b: int) -> Plan:
+        return optimal_plan(p, t, b, cover=cover)
+
     if realizable:
         shown = realizable_plan(profile, cores, batch)
     else:
-        shown = optimal_plan(profile, cores, batch)
+        shown = optimum(profile, cores, batch)
     if plot is not None:
         from packrat.plan.plot import plot_plan
 
@@ -110,8 +118,8 @@ def run_plan(profile_path: Path, cores_text: str, batch_text: str, as_json: bool
             raise PackratError(f"cannot write plot {plot}: {exc}") from exc
     if as_json:
         return json.dumps(plan_to_dict(shown))
-    other = _try(optimal_plan if realizable else realizable_plan, profile, cores, batch)
-    return _render_table(profile, shown, other, realizable)
+    other = _try(optimum if realizable else realizable_plan, profile, cores, batch)
+    return _render_table(profile, shown, other, realizable, cover)
 
 
 def register(app: typer.Typer) -> None:
@@ -130,10 +138,13 @@ def register(app: typer.Typer) -> None:
                                              "(what one TorchServe version can run)"),
         plot: Optional[Path] = typer.Option(None, "--plot", metavar="OUT.png",
                                             help="draw the profile with the plan marked"),
+        cover: bool = typer.Option(False, "--cover",
+                                   help="allow Σ batch ≥ B (instances may get short "
+                                        "batches): a plan for every B that fits"),
     ) -> None:
         """Choose thin instances (threads, batch) minimising latency for batch B on T cores."""
         try:
-            out = run_plan(profile, cores, batch, as_json, realizable, plot)
+            out = run_plan(profile, cores, batch, as_json, realizable, plot, cover)
         except PackratError as exc:
             message = " ".join(str(exc).split())  # one line, whatever the message held
             typer.echo(f"error: {message}", err=True)

@@ -28,13 +28,18 @@ instance sets it. The rule, applied in order (each step exact, by its own DP):
   4. the fewest threads in total (spare cores stay free)
   5. the lexicographically largest list of (threads, batch), sorted
      descending (a fixed order so the same input always gives the same plan)
-The result is cached per (profile, T, B, rtol): Profile is frozen and hashes
-its points (not its `extra`).
+With cover=True the batch constraint is Σ b_i ≥ B (an instance may get a short
+batch, costed at its full b_i), and after rule 4 the smallest Σ b_i wins. This
+is what TorchServe does with ⌈B / b⌉ workers, and it has a plan for every B
+that fits (on 2 cores, B = 7 has no exact plan from power-of-two batches).
+The result is cached per (profile, T, B, rtol, cover): Profile is frozen and
+hashes its points (not its `extra`).
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -64,11 +69,18 @@ class LatencyTable:
     batches: tuple[int, ...]
 
 
-def _check_args(cores: int, batch: int) -> None:
-    if isinstance(cores, bool) or not isinstance(cores, int) or cores <= 0:
-        raise ConfigError(f"cores must be a positive integer, got {cores!r}")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
-        raise ConfigError(f"batch must be a positive integer, got {batch!r}")
+def _check_args(cores: int, batch: int) -> tuple[int, int]:
+    """Both as plain positive ints (numpy integers accepted, bools and floats not)."""
+    out = []
+    for name, value in (("cores", cores), ("batch", batch)):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            number = None
+        if number is None or isinstance(value, bool) or number <= 0:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        out.append(int(number))
+    return out[0], out[1]
 
 
 def latency_table(profile: Profile, cores: int, max_batch: int) -> LatencyTable:
@@ -104,19 +116,19 @@ def _table(
     weight: np.ndarray,
     batches: tuple[int, ...],
     cores: int,
-    batch: int,
+    top: int,
     combine: np.ufunc,
     pick: np.ufunc,
     empty: float,
     none: float,
 ) -> np.ndarray:
-    """Generic DP over (threads budget, exact batch).
+    """Generic DP over (threads budget, exact batch 0..top).
 
     F[t, 0] = empty; F[t, b] = pick over types (t', b') of combine(w(t', b'), F[t-t', b-b']).
     `weight` holds `none` for types that may not be used; `none` must absorb under
     `combine` and lose under `pick` (inf for min-max and additive, -inf for max-min).
     """
-    F = np.full((cores + 1, batch + 1), none)
+    F = np.full((cores + 1, top + 1), none)
     F[:, 0] = empty
     for t in range(1, cores + 1):
         row = F[t]
@@ -126,7 +138,9 @@ def _table(
             ok = w != none
             if not ok.any():
                 continue
-            width = batch + 1 - bj
+            if bj > top:
+                continue
+            width = top + 1 - bj
             if ok.all():
                 sub = F[:t, :width]
             else:
@@ -138,14 +152,18 @@ def _table(
     return F
 
 
-def _minmax(table: LatencyTable, cores: int, batch: int) -> np.ndarray:
-    return _table(table.lat, table.batches, cores, batch,
-                  np.maximum, np.minimum, -np.inf, np.inf)
-
-
 @lru_cache(maxsize=256)
-def _solve(profile: Profile, cores: int, batch: int, rtol: float) -> Plan:
-    table = latency_table(profile, cores, batch)
+def _solve(profile: Profile, cores: int, batch: int, rtol: float, cover: bool) -> Plan:
+    if cover:
+        # A plan that covers B and loses any instance no longer covers it, at
+        # best, so Σb ≤ B - 1 + (largest batch): the tables need go no further.
+        # Every rule prefers dropping a surplus instance (max and min do not
+        # get worse, n and Σt fall), so only such plans can win.
+        table = latency_table(profile, cores, max(p.batch for p in profile.points))
+        top = batch - 1 + max(table.batches)
+    else:
+        table = latency_table(profile, cores, batch)
+        top = batch
     lat = table.lat
     if not table.batches:
         raise PlanError(
@@ -153,24 +171,27 @@ def _solve(profile: Profile, cores: int, batch: int, rtol: float) -> Plan:
             f"batch {batch} cannot be composed"
         )
     # 1. the optimum L* and the tie band above it
-    best = _minmax(table, cores, batch)[cores, batch]
+    F = _table(lat, table.batches, cores, top, np.maximum, np.minimum, -np.inf, np.inf)
+    best = F[cores, batch:].min()
     if not math.isfinite(best):
         raise PlanError(
             f"batch {batch} cannot be composed from the profiled batch sizes "
             f"{list(table.batches)} within {cores} threads"
+            + ("" if cover else " (covering plans may exist: cover=True / --cover)")
         )
     ceiling = best * (1.0 + rtol)
     # 2. among plans within the band, the largest minimum instance latency
     within = np.where(lat <= ceiling, lat, -np.inf)
-    floor_tab = _table(within, table.batches, cores, batch,
-                       np.minimum, np.maximum, np.inf, -np.inf)
-    floor = floor_tab[cores, batch] * (1.0 - rtol)
+    H = _table(within, table.batches, cores, top, np.minimum, np.maximum, np.inf, -np.inf)
+    floor = H[cores, batch:].max() * (1.0 - rtol)
     # 3.+4. fewest instances, then fewest threads: an additive cost n*(T+1) + Σt,
     # exact in float64 (integers far below 2**53)
     allowed = np.isfinite(lat) & (lat <= ceiling) & (lat >= floor)
     tcol = np.arange(cores + 1, dtype=float)[:, None]
     cost = np.where(allowed, (cores + 1) + tcol, np.inf)
-    G = _table(cost, table.batches, cores, batch, np.add, np.minimum, 0.0, np.inf)
+    G = _table(cost, table.batches, cores, top, np.add, np.minimum, 0.0, np.inf)
+    # (cover) then the smallest total batch: the first b ≥ B reaching the least cost
+    target = batch + int(np.argmin(G[cores, batch:]))
     # 5. walk back taking the largest (t', b') that keeps the cost optimal; the
     # first pick is the largest type in any optimal plan, so picks never increase
     # and the list is the lexicographically largest among equals.
@@ -181,7 +202,7 @@ def _solve(profile: Profile, cores: int, batch: int, rtol: float) -> Plan:
         reverse=True,
     )
     instances: list[Instance] = []
-    t, b = cores, batch
+    t, b = cores, target
     while b > 0:
         for tt, j in types:
             bj = table.batches[j]
@@ -209,17 +230,21 @@ def fat_latency(profile: Profile, cores: int, batch: int) -> float | None:
     return profile.latency(cores, batch)
 
 
-def optimal_plan(profile: Profile, cores: int, batch: int, *, rtol: float = 0.0) -> Plan:
+def optimal_plan(
+    profile: Profile, cores: int, batch: int, *, rtol: float = 0.0, cover: bool = False
+) -> Plan:
     """The min–max plan for `batch` requests on `cores` cores (see module docstring).
 
-    `rtol` widens the tie bands of rules 1 and 2 (0 = exact ties). Raises
-    ConfigError for cores/batch ≤ 0, ProfileError if no point has threads ≤ cores,
-    PlanError if `batch` cannot be composed from the profiled batch sizes.
+    `rtol` widens the tie bands of rules 1 and 2 (0 = exact ties). `cover=True`
+    solves Σ b_i ≥ B instead of = B: an instance may get a short batch, costed at
+    its full b_i (an upper bound when latency grows with batch); ties then also
+    prefer the smallest Σ b_i (after rule 4). Raises ConfigError for cores/batch
+    ≤ 0, ProfileError if no point has threads ≤ cores, PlanError if no plan exists.
     """
-    _check_args(cores, batch)
+    cores, batch = _check_args(cores, batch)
     if not (0.0 <= rtol < 1.0):
         raise ConfigError(f"rtol must be in [0, 1), got {rtol!r}")
-    return _solve(profile, cores, batch, float(rtol))
+    return _solve(profile, cores, batch, float(rtol), bool(cover))
 
 
 @lru_cache(maxsize=256)
@@ -269,7 +294,7 @@ def realizable_plan(profile: Profile, cores: int, batch: int) -> Plan:
     a uniform plan (n × t threads) is optimal, and that is what is returned.
     Instances list the cap as their batch; Σ batch may exceed B.
     """
-    _check_args(cores, batch)
+    cores, batch = _check_args(cores, batch)
     return _solve_realizable(profile, cores, batch)
 
 
