@@ -163,5 +163,7 @@ def test_allocator_from_environment():
 
 def test_mode_and_current_fingerprint():
     assert mode_from_config({}) == "fp32-eager"
+    assert mode_from_config({"packrat": {"task": "text-classification", "runtime": "torchscript"}}) == "fp32-torchscript"
+    assert mode_from_config({"packrat": {"runtime": "eager", "precision": "bf16"}}) == "bf16-eager"
     fp = current_fingerprint({}, env={})
     assert fp.allocator == "glibc" and fp.usable_cores >= 1 and fp.torch_version.startswith("2.")

@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from packrat.errors import ConfigError, PackratError
+from packrat.errors import ArchiveError, ConfigError, PackratError
 from packrat.types import Profile
+
+
+@contextlib.contextmanager
+def _archive_for(path: Path) -> Iterator:
+    """An archive to profile: `path` itself, or a temporary archive of a HF model directory.
+
+    A plain Hugging Face directory (config.json, no packrat_handler.py) is packed
+    with `packrat archive`'s defaults under its directory name, so its model id
+    equals that of `packrat archive <dir>` with default options.
+    """
+    from packrat.profile import open_archive
+
+    if path.is_dir() and not (path / "packrat_handler.py").exists() and (path / "config.json").is_file():
+        from packrat.archive import ArchiveOptions, build_from_dir
+
+        with tempfile.TemporaryDirectory(prefix="packrat-profile-store-") as store:
+            yield open_archive(build_from_dir(path, Path(store), path.resolve().name, ArchiveOptions()))
+    else:
+        yield open_archive(path)
 
 
 def _table(profile: Profile) -> str:
@@ -25,7 +47,9 @@ def _table(profile: Profile) -> str:
 
 
 def profile_command(
-    path: Path = typer.Argument(..., help="Archive directory (with packrat_handler.py) or .mar file"),
+    path: Path = typer.Argument(
+        ..., help="Archive directory (with packrat_handler.py), .mar file, or Hugging Face model directory"
+    ),
     output: Optional[Path] = typer.Option(
         None, "-o", "--output", help="Profile JSON to write [default: profiles/<model>-<scope>.json]"
     ),
@@ -39,33 +63,24 @@ def profile_command(
     """Time one isolated, pinned instance at t = 1..T threads and b = 1, 2, 4, ... batch."""
     import os
 
-    from packrat.profile import ProfileSettings, open_archive, run_profile, save_profile
+    from packrat.profile import ProfileSettings
 
     try:
-        archive = open_archive(path)
+        usable = len(os.sched_getaffinity(0))
         settings = ProfileSettings(
-            cores=cores if cores is not None else len(os.sched_getaffinity(0)),
+            cores=cores if cores is not None else usable,
             max_batch=max_batch,
             budget_s=budget,
             point_budget_s=point_budget,
             scope=scope,
         )
-        settings.validate(len(os.sched_getaffinity(0)))
-        out = output or Path("profiles") / f"{archive.model_name}-{scope}.json"
-        if out.exists() and out.is_dir():
-            raise ConfigError(f"{out}: is a directory; give a file name with -o")
-        log = out.with_suffix(".log")
-        if not quiet:
-            typer.echo(f"profiling {archive.model_name} ({archive.model_id[:19]}), scope={scope}, -> {out}", err=True)
-        profile = run_profile(
-            archive,
-            settings,
-            progress=not quiet,
-            on_update=lambda partial: save_profile(partial, out),  # saved the moment a point lands
-            log_path=log,
-        )
-        save_profile(profile, out)
-    except ConfigError as exc:
+        settings.validate(usable)  # before any archive is built or read
+        if output is not None and output.is_dir():
+            raise ConfigError(f"{output}: is a directory; give a file name with -o")
+        with _archive_for(path) as archive:
+            out = output or Path("profiles") / f"{archive.model_name}-{scope}.json"
+            profile = _run(archive, settings, out, quiet)
+    except (ConfigError, ArchiveError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     except PackratError as exc:
@@ -82,6 +97,22 @@ def profile_command(
         f"wrote {out}: {len(profile.points)} points, {len(omitted)} omitted, "
         f"{profile.extra.get('duration_s')} s"
     )
+
+
+def _run(archive, settings, out: Path, quiet: bool) -> Profile:
+    from packrat.profile import run_profile, save_profile
+
+    if not quiet:
+        typer.echo(f"profiling {archive.model_name} ({archive.model_id[:19]}), scope={settings.scope} -> {out}", err=True)
+    profile = run_profile(
+        archive,
+        settings,
+        progress=not quiet,
+        on_update=lambda partial: save_profile(partial, out),  # saved the moment a point lands
+        log_path=out.with_suffix(".log"),
+    )
+    save_profile(profile, out)
+    return profile
 
 
 def register(app: typer.Typer) -> None:

@@ -11,7 +11,9 @@ Two profiles are comparable only if every field is equal:
                    "glibc"                  otherwise
                  (the design notes measured up to 2x between these)
   torch_version  installed torch distribution version (read without importing torch)
-  mode           "<precision>-<runtime>" from the archive's model_config.yaml
+  mode           "<precision>-<runtime>" from the archive's model_config.yaml:
+                 packrat.precision (default fp32) and packrat.runtime (default
+                 eager; "torchscript" = frozen graph mode)
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ def torch_version() -> str:
 
 
 def _lookup(config: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
-    # The handler may keep its settings at the top level or under a "handler" section.
-    sections = [config] + [config[s] for s in ("handler", "packrat_handler") if isinstance(config.get(s), Mapping)]
+    # The handler reads its settings from the `packrat:` section of model_config.yaml
+    # (packrat.runtime, packrat.precision); top-level keys are accepted as a fallback.
+    sections = [config[s] for s in ("packrat",) if isinstance(config.get(s), Mapping)] + [config]
     for section in sections:
         for key in keys:
             value = section.get(key)
@@ -72,12 +75,8 @@ def _lookup(config: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
 
 def mode_from_config(config: Mapping[str, Any]) -> str:
     """"<precision>-<runtime>", e.g. "fp32-eager" or "bf16-torchscript"; defaults fp32/eager."""
-    precision = _lookup(config, ("precision", "dtype")) or "fp32"
-    runtime = _lookup(config, ("runtime", "mode", "graph_mode", "backend")) or "eager"
-    if runtime in {"true", "yes"}:  # a boolean graph_mode flag
-        runtime = "torchscript"
-    elif runtime in {"false", "no"}:
-        runtime = "eager"
+    precision = _lookup(config, ("precision",)) or "fp32"
+    runtime = _lookup(config, ("runtime",)) or "eager"
     return f"{precision}-{runtime}"
 
 
