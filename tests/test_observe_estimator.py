@@ -68,11 +68,12 @@ def test_steady_load() -> None:
     est = f.run(4, 10)
     first = est[0]
     # t=1: window t0..t1: Δlat = 4e6 µs over 1 s -> concurrency 4.0; EWMA starts at 4
-    assert first.ready and first.concurrency == pytest.approx(4.0) and first.rounded == 4
-    # one vote of 4 is not a majority of 5 yet (1 > 2.5 is false): B holds its prior 1
-    assert first.batch == 1
-    # t=3: three votes of 4 (3 > 2.5) -> B = 4
-    assert [e.batch for e in est[:3]] == [1, 1, 4]
+    assert first.concurrency == pytest.approx(4.0) and first.rounded == 4
+    # one vote of 4 is not a majority of 5 yet (1 > 2.5 is false): B holds its
+    # prior 1, which is no measurement: not ready
+    assert first.batch == 1 and not first.ready
+    # t=3: three votes of 4 (3 > 2.5) -> B = 4, ready from then on
+    assert [(e.batch, e.ready) for e in est[:4]] == [(1, False), (1, False), (4, True), (4, True)]
     last = est[-1]
     # t=10: window t5..t10: Δlat = 5·4e6 µs / 5 s = 4.0; Δreq = 5·40 = 200
     assert last.span_s == 5.0 and last.concurrency == pytest.approx(4.0)
@@ -94,6 +95,8 @@ def test_step_jumps_straight_to_the_new_level() -> None:
         [1.7, 2.75, 3.975, 5.2875, 6.64375, 7.321875, 7.6609375])
     # rounded (thresholds 1.41, 2.83, 5.66): 2, 2, 4, 4, 8, 8, 8
     assert [e.rounded for e in est[:7]] == [2, 2, 4, 4, 8, 8, 8]
+    # once a majority has formed, B stays "ready" while votes are split
+    assert all(e.ready for e in est)
     # votes k=3: (1,1,2,2,4) .. k=6: (2,4,4,8,8) have no majority -> B holds 1;
     # k=7: (4,4,8,8,8) -> 8. Never 2 or 4 on the way.
     assert [e.batch for e in est[:7]] == [1, 1, 1, 1, 1, 1, 8]
@@ -123,6 +126,8 @@ def test_idle_server_from_the_start() -> None:
     # Δreq = Δlat = 0: concurrency 0, no latency (no division), idle, B = 1
     assert all(e.concurrency == 0.0 and e.mean_latency_ms is None and e.idle for e in est)
     assert all(e.batch == 1 for e in est)
+    # three votes of 1 form a majority: a measured 1, not the prior
+    assert [e.ready for e in est[:3]] == [False, False, True]
 
 
 def test_load_then_idle_decays_to_one() -> None:

@@ -63,6 +63,7 @@ class EstimatorState:
     recent: tuple[int, ...] = ()  # last mode_k rounded estimates
     batch: int = 1  # current smoothed estimate
     resets: int = 0  # counter resets seen (TorchServe restarts)
+    voted: bool = False  # a majority has formed at least once (batch comes from data)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class Estimate:
     time_s: float
     model: str
     batch: int  # smoothed B: the majority of recent rounded EWMA values
-    ready: bool  # False until the window has span (batch is then the prior one)
+    ready: bool  # False until a majority of windows agreed (batch is then the prior one)
     concurrency: float | None = None  # raw Little's-law value of this window
     ewma: float | None = None
     rounded: int | None = None  # EWMA rounded to a power of two
@@ -93,6 +94,13 @@ def round_pow2(x: float, max_batch: int = 1024) -> int:
     return int(min(max(p, 1), max_batch))
 
 
+def _majority_value(values: tuple[int, ...], k: int) -> int | None:
+    if not values:
+        return None
+    value, count = Counter(values).most_common(1)[0]
+    return value if count > k / 2 else None
+
+
 def majority(values: tuple[int, ...], k: int, previous: int) -> int:
     """The value held by more than half of the last k values, else `previous`.
 
@@ -101,10 +109,8 @@ def majority(values: tuple[int, ...], k: int, previous: int) -> int:
     from 1 to 8 clients, and each step could cost a swap. Asking for a
     majority of k holds the old value until the new one is clearly there.
     """
-    if not values:
-        return previous
-    value, count = Counter(values).most_common(1)[0]
-    return value if count > k / 2 else previous
+    value = _majority_value(values, k)
+    return previous if value is None else value
 
 
 def _went_backwards(prev: Observation, obs: Observation) -> bool:
@@ -163,11 +169,14 @@ def estimate(
     rounded = round_pow2(ewma, settings.max_batch)
     recent = (state.recent + (rounded,))[-settings.mode_k:]
     batch = majority(recent, settings.mode_k, state.batch)
+    # Until a first majority forms, `batch` is the prior (1), not a measurement.
+    voted = state.voted or _majority_value(recent, settings.mode_k) is not None
 
     est = Estimate(
-        time_s=obs.time_s, model=obs.model, batch=batch, ready=True,
+        time_s=obs.time_s, model=obs.model, batch=batch, ready=voted,
         concurrency=concurrency, ewma=ewma, rounded=rounded,
         request_rate=d_req / span, mean_latency_ms=mean_latency_ms,
         mean_queue_ms=mean_queue_ms, span_s=span, idle=idle,
     )
-    return est, replace(state, samples=samples, ewma=ewma, recent=recent, batch=batch)
+    return est, replace(state, samples=samples, ewma=ewma, recent=recent, batch=batch,
+                        voted=voted)

@@ -23,6 +23,7 @@ def estimator_state_from_json(d: dict[str, Any]) -> EstimatorState:
         recent=tuple(int(x) for x in d.get("recent", ())),
         batch=int(d.get("batch", 1)),
         resets=int(d.get("resets", 0)),
+        voted=bool(d.get("voted", False)),
     )
 
 

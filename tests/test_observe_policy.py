@@ -1,0 +1,198 @@
+"""The re-plan decision, driven tick by tick with an injected clock."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from packrat.observe.estimator import Estimate, EstimatorState
+from packrat.observe.persist import (
+    estimator_state_from_json,
+    estimator_state_to_json,
+    policy_state_from_json,
+    policy_state_to_json,
+)
+from packrat.observe.policy import (
+    Correction,
+    PolicyContext,
+    PolicySettings,
+    PolicyState,
+    decide,
+    update_correction,
+)
+from packrat.types import Instance, Observation, Plan
+
+
+def plan(batch: int, workers: int, threads: int, cap: int, ms: float) -> Plan:
+    return Plan(cores=4, batch=batch, instances=(Instance(threads, cap, ms),) * workers,
+                predicted_latency_ms=ms)
+
+
+FAT8 = plan(8, 1, 4, 8, 100.0)  # one worker, 4 threads, cap 8
+THIN8 = plan(8, 4, 1, 2, 80.0)  # four workers, 1 thread each, cap 2
+
+
+def est(batch: int, t: float = 0.0, observed_ms: float | None = None, **kw) -> Estimate:
+    return Estimate(time_s=t, model="m", batch=batch, ready=kw.pop("ready", True),
+                    mean_latency_ms=observed_ms, **kw)
+
+
+def ctx(now: float, e: Estimate, current: Plan | None, current_ms: float | None,
+        *candidates: Plan, **kw) -> PolicyContext:
+    return PolicyContext(now_s=now, model="m", estimate=e, current=current,
+                         current_latency_ms=current_ms, candidates=tuple(candidates), **kw)
+
+
+# A state whose estimate has held B=8 since t=0 (past min_stable_s = 5 s at t >= 5).
+STABLE8 = PolicyState(seen_batch=8, seen_since_s=0.0)
+
+
+def test_gain_threshold() -> None:
+    # gain = 100/95 - 1 = 0.0526 <= 0.10: stay
+    d, _ = decide(STABLE8, ctx(10, est(8), FAT8, 100.0, plan(8, 4, 1, 2, 95.0)))
+    assert (d.swap, d.reason) == (False, "gain-below-threshold")
+    assert d.predicted_gain == pytest.approx(100 / 95 - 1)
+    # gain = 100/80 - 1 = 0.25 > 0.10: swap to THIN8
+    d, st = decide(STABLE8, ctx(10, est(8), FAT8, 100.0, THIN8))
+    assert (d.swap, d.reason, d.target) == (True, "gain", THIN8)
+    assert st.last_swap_s == 10 and st.swaps == 1
+
+
+def test_threshold_is_configurable() -> None:
+    # gain 0.25 is not above a 0.30 threshold
+    d, _ = decide(STABLE8, ctx(10, est(8), FAT8, 100.0, THIN8,
+                               settings=PolicySettings(gain_threshold=0.30)))
+    assert (d.swap, d.reason) == (False, "gain-below-threshold")
+
+
+def test_dwell_after_a_swap() -> None:
+    state = replace(STABLE8, last_swap_s=100.0)
+    # 130 - 100 = 30 s < 60 s dwell
+    d, _ = decide(state, ctx(130, est(8), FAT8, 100.0, THIN8))
+    assert (d.swap, d.reason) == (False, "dwell")
+    # 161 - 100 = 61 s >= 60 s
+    d, _ = decide(state, ctx(161, est(8), FAT8, 100.0, THIN8))
+    assert (d.swap, d.reason) == (True, "gain")
+    # dwell also counts from when the controller says the plan came in
+    d, _ = decide(STABLE8, ctx(161, est(8), FAT8, 100.0, THIN8, active_since_s=150.0))
+    assert d.reason == "dwell"  # 161 - 150 = 11 s < 60 s
+
+
+def test_disabled_model_never_swaps() -> None:
+    d, st = decide(STABLE8, ctx(10, est(8), FAT8, 100.0, THIN8, enabled=False))
+    assert (d.swap, d.reason) == (False, "disabled")
+    assert d.predicted_gain == pytest.approx(0.25)  # still computed and reported
+    assert st.swaps == 0
+    # even with no plan at all
+    d, _ = decide(PolicyState(), ctx(10, est(8), None, None, THIN8, enabled=False))
+    assert not d.swap
+
+
+def test_never_while_a_swap_runs() -> None:
+    d, _ = decide(STABLE8, ctx(10, est(8), FAT8, 100.0, THIN8, swap_in_progress=True))
+    assert (d.swap, d.reason) == (False, "swap-in-progress")
+
+
+def test_idle_and_warming_up_do_not_swap() -> None:
+    d, _ = decide(STABLE8, ctx(10, est(8, idle=True), FAT8, 100.0, THIN8))
+    assert (d.swap, d.reason) == (False, "idle")
+    d, _ = decide(STABLE8, ctx(10, est(8, ready=False), FAT8, 100.0, THIN8))
+    assert (d.swap, d.reason) == (False, "warming-up")
+
+
+def test_estimate_must_hold_before_a_swap() -> None:
+    fat4 = plan(4, 1, 4, 4, 60.0)
+    # B was 4; at t=20 it reads 8 for the first time: settling, then 4.9 s later still settling
+    state = PolicyState(seen_batch=4, seen_since_s=0.0)
+    d, state = decide(state, ctx(20, est(8), fat4, 100.0, THIN8))
+    assert (d.swap, d.reason, state.seen_since_s) == (False, "estimate-settling", 20)
+    d, state = decide(state, ctx(24.9, est(8), fat4, 100.0, THIN8))
+    assert d.reason == "estimate-settling" and d.estimate_stable_s == pytest.approx(4.9)
+    # 25 - 20 = 5 s >= min_stable_s
+    d, state = decide(state, ctx(25, est(8), fat4, 100.0, THIN8))
+    assert (d.swap, d.reason) == (True, "gain")
+
+
+def test_same_plan_and_initial_plan() -> None:
+    d, _ = decide(STABLE8, ctx(10, est(8), THIN8, 80.0, THIN8))
+    assert (d.swap, d.reason) == (False, "same-plan")
+    d, _ = decide(PolicyState(), ctx(10, est(8), None, None, THIN8))
+    assert (d.swap, d.reason, d.target) == (True, "no-active-plan", THIN8)
+    d, _ = decide(STABLE8, ctx(10, est(8), FAT8, 100.0))
+    assert (d.swap, d.reason) == (False, "no-plan")
+
+
+def test_correction_learns_the_gap_after_settling() -> None:
+    # THIN8 (4 workers) runs at B=8, predicted 80 ms, observed 104 ms: ratio 1.3
+    e = est(8, observed_ms=104.0)
+    state = replace(STABLE8, last_swap_s=0.0)
+    # t=10 < settle_s = 15 after the swap: not learned yet
+    d, state = decide(state, ctx(10, e, THIN8, 80.0, THIN8))
+    assert d.latency_gap is None and state.correction == Correction()
+    d, state = decide(state, ctx(16, e, THIN8, 80.0, THIN8))
+    assert d.latency_gap == pytest.approx(0.3)  # 104/80 - 1
+    # base unknown (1.0): per co-runner = (1.3/1.0 - 1)/(4 - 1) = 0.1
+    assert state.correction.per_corunner == pytest.approx(0.1)
+    assert state.correction.factor(4) == pytest.approx(1.3)  # 1·(1 + 0.1·3)
+    assert state.correction.factor(1) == 1.0
+    # a tick at another B than the plan's teaches nothing (prediction is for 8)
+    _, s2 = decide(state, ctx(17, est(4, observed_ms=500.0), THIN8, 80.0, THIN8))
+    assert s2.correction == state.correction
+
+
+def test_correction_separates_shared_overhead_from_contention() -> None:
+    s = PolicySettings()
+    c = update_correction(Correction(), 1.1, workers=1, settings=s)
+    assert c.base == pytest.approx(1.1)  # first sample taken as is
+    # a 4-worker plan at ratio 1.43: (1.43/1.1 - 1)/3 = 0.1 per co-runner
+    c = update_correction(c, 1.43, workers=4, settings=s)
+    assert c.per_corunner == pytest.approx(0.1)
+    assert c.factor(4) == pytest.approx(1.43)  # 1.1·1.3
+    # next sample EWMA(0.3): base 0.3·1.2 + 0.7·1.1 = 1.13
+    c = update_correction(c, 1.2, workers=1, settings=s)
+    assert c.base == pytest.approx(1.13)
+    # ratios are clamped to [1/4, 4]
+    assert update_correction(Correction(), 100.0, 1, s).base == 4.0
+
+
+def test_correction_turns_a_swap_into_no_swap() -> None:
+    # fat 1 worker at 70 ms; thin 4 workers predicted 60 ms: raw gain 70/60-1 = 0.167 > 0.1
+    fat = plan(8, 1, 4, 8, 70.0)
+    thin = plan(8, 4, 1, 2, 60.0)
+    state = replace(STABLE8, correction=Correction(per_corunner=0.1, corunner_samples=1))
+    d, _ = decide(state, ctx(10, est(8), fat, 70.0, thin))
+    # corrected: thin 60·1.3 = 78 ms, fat 70·1.0: gain 70/78 - 1 < 0
+    assert d.predicted_gain == pytest.approx(70 / 60 - 1)
+    assert d.corrected_gain == pytest.approx(70 / 78 - 1)
+    assert (d.swap, d.reason, d.correction_changed_choice) == (False, "gain-below-threshold", True)
+    # with use_correction off the profiles alone decide: swap
+    d, _ = decide(state, ctx(10, est(8), fat, 70.0, thin,
+                             settings=PolicySettings(use_correction=False)))
+    assert d.swap and d.target == thin
+
+
+def test_correction_picks_another_candidate() -> None:
+    # THIN8 runs; B moves to 16. Active plan at 16: 2 rounds -> 160 ms predicted.
+    thin16 = plan(16, 4, 1, 4, 90.0)
+    fat16 = plan(16, 1, 4, 16, 100.0)
+    state = PolicyState(seen_batch=16, seen_since_s=0.0,
+                        correction=Correction(per_corunner=0.1, corunner_samples=1))
+    d, _ = decide(state, ctx(10, est(16), THIN8, 160.0, thin16, fat16))
+    # profiles alone: thin16 (gain 160/90 - 1 = 0.78); corrected: thin16 90·1.3 = 117,
+    # fat16 100·1.0 = 100 -> fat16, gain 160·1.3/100 - 1 = 1.08
+    assert d.optimiser_choice == thin16 and d.target == fat16
+    assert d.corrected_gain == pytest.approx(208 / 100 - 1)
+    assert d.swap and d.correction_changed_choice
+
+
+def test_decision_json_and_state_round_trip() -> None:
+    d, st = decide(STABLE8, ctx(10, est(8, observed_ms=90.0), FAT8, 100.0, THIN8))
+    line = json.dumps(d.to_json())  # one structured log line
+    back = json.loads(line)
+    assert back["reason"] == "gain" and back["target"]["workers"] == [[1, 2]] * 4
+    assert policy_state_from_json(json.loads(json.dumps(policy_state_to_json(st)))) == st
+    es = EstimatorState(samples=(Observation(1.0, "m", 2.0, 3.0, 0.5, None),), ewma=2.5,
+                        recent=(2, 4), batch=2, resets=1, voted=True)
+    assert estimator_state_from_json(json.loads(json.dumps(estimator_state_to_json(es)))) == es
