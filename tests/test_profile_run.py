@@ -35,35 +35,41 @@ def _cpus(cpus_allowed_list: str) -> set[int]:
 
 
 @needs_two_cores
-def test_tiny_archive_profile_t2_b4(tmp_path):
-    archive = make_tiny_archive(tmp_path / "tiny")
+def test_real_tiny_archive_profile_t2_b4(tmp_path):
+    """The real handler (handlers/) in an archive built by `packrat archive`, profiled at T=2, b<=4."""
+    res = packrat("archive", "tiny-bert", "-o", str(tmp_path / "store"))
+    assert res.returncode == 0, res.stderr
+    archive_path, printed_id = res.stdout.strip().splitlines()[-1].split("\t")
     out = tmp_path / "profile.json"
     started = time.monotonic()
-    res = packrat("profile", str(archive), "--cores", "2", "--max-batch", "4",
+    res = packrat("profile", archive_path, "--cores", "2", "--max-batch", "4",
                   "--point-budget", "0.5", "-o", str(out))
     elapsed = time.monotonic() - started
     assert res.returncode == 0, res.stderr
-    assert elapsed < 60
+    assert elapsed < 90  # ~20 s on an idle 2-core machine; the shared dev machine is far noisier
 
-    ref = open_archive(archive)
+    ref = open_archive(archive_path)
+    assert ref.model_id == printed_id  # `packrat archive` and the profiler agree on identity
     profile = load_profile(out, expect_model_id=ref.model_id,
                            expect_fingerprint=current_fingerprint(ref.config))
-    assert profile.scope == "handler"
+    assert profile.scope == "handler" and profile.fingerprint.mode == "fp32-eager"
     assert {(p.threads, p.batch) for p in profile.points} == {(t, b) for t in (1, 2) for b in (1, 2, 4)}
     for p in profile.points:
         assert p.mean_ms > 0 and p.count >= 1 and p.p50_ms <= p.p99_ms
         # pinning was applied in the child before torch started its pools:
-        # the process and every one of its threads may run on exactly t cores
+        # the process and every one of its threads may run on exactly the first t cores
         assert _cpus(p.meta["cpus_allowed_list"]) == set(CORES[: p.threads])
         assert [_cpus(c) for c in p.meta["thread_cpu_lists"]] == [set(CORES[: p.threads])]
         assert p.meta["torch_threads"] == p.threads and p.meta["interop_threads"] == 1
     # one worker process per thread count, each timing all its batch sizes
     pids = {t: {p.meta["pid"] for p in profile.points if p.threads == t} for t in (1, 2)}
     assert all(len(s) == 1 for s in pids.values()) and pids[1] != pids[2]
-    assert pids[1] | pids[2] != {os.getpid()}
+    assert os.getpid() not in pids[1] | pids[2]
     data = json.loads(out.read_text())
     assert data["complete"] is True and data["omitted"] == []
     assert "wrote" in res.stdout
+    # the worker wrote no bytecode into the archive (it would not change the id, but it litters)
+    assert not list(Path(archive_path).rglob("__pycache__"))
 
 
 def test_model_scope_is_recorded(tmp_path):
