@@ -75,9 +75,9 @@ def brute_best(table, cores, batch, rtol=0.0, cover=False):
 
 
 def brute_realizable(table, cores, batch):
-    """Least max latency over shared caps b ≤ B and any thread mix, ceil(B/b) workers."""
+    """Least max latency over any shared cap b and any thread mix, ceil(B/b) workers."""
     best = math.inf
-    for cap in {b for (_, b) in table if b <= batch}:
+    for cap in {b for (_, b) in table}:
         n = -(-batch // cap)
         threads = sorted(t for (t, b) in table if b == cap)
 
@@ -105,7 +105,7 @@ profile_tables = st.dictionaries(
     min_size=1,
     max_size=14,
 )
-fast = settings(max_examples=300, deadline=None,
+fast = settings(max_examples=200, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -198,7 +198,7 @@ def test_realizable_matches_brute_force(table, cores, batch):
     assert plan.predicted_latency_ms == expected
     cap = plan.instances[0].batch
     assert len(plan.instances) == -(-batch // cap)  # ceil(B / cap) workers
-    assert cap <= batch and plan.threads_used <= cores
+    assert plan.threads_used <= cores
     assert all(profile.latency(i.threads, i.batch) == i.latency_ms for i in plan.instances)
     # A realisable plan whose caps add up to B exactly is a plan of the
     # unconstrained problem too, so it cannot beat the optimum.

@@ -9,8 +9,10 @@ from typing import Any, Optional
 import typer
 
 from packrat.errors import PackratError, PlanError
-from packrat.plan import load_profile, optimal_plan, realizable_gap, realizable_plan
 from packrat.types import Plan, Profile
+
+# packrat.plan (numpy) is imported inside run_plan: every `packrat` command
+# imports this module, and only `packrat plan` needs the optimiser.
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -75,6 +77,8 @@ def _render_table(profile: Profile, shown: Plan, other: Plan | str, realizable: 
         lines.append(f"fat latency        {shown.fat_latency_ms:.3f} ms "
                      f"(1 instance, {shown.cores} threads, batch {shown.batch})")
         lines.append(f"expected speedup   {shown.expected_speedup:.2f}x")
+    from packrat.plan import realizable_gap
+
     optimal, real = (other, shown) if realizable else (shown, other)
     if isinstance(other, str):
         what = ("unconstrained optimum" + (" (covering)" if cover else "")
@@ -98,6 +102,8 @@ def _render_table(profile: Profile, shown: Plan, other: Plan | str, realizable: 
 def run_plan(profile_path: Path, cores_text: str, batch_text: str, as_json: bool,
              realizable: bool, plot: Path | None, cover: bool = False) -> str:
     """Everything `packrat plan` does, returning its output; PackratError on bad input."""
+    from packrat.plan import load_profile, optimal_plan, realizable_plan
+
     cores = _positive_int(cores_text, "--cores")
     batch = _positive_int(batch_text, "--batch")
     profile = load_profile(profile_path)

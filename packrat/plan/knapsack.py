@@ -249,9 +249,9 @@ def optimal_plan(
 
 @lru_cache(maxsize=256)
 def _solve_realizable(profile: Profile, cores: int, batch: int) -> Plan:
-    # Caps are the profiled batch sizes ≤ B, the same points the unconstrained
-    # optimum may use, so the two are compared on equal terms.
-    table = latency_table(profile, cores, batch)
+    # Any profiled batch size may be the cap: a cap above B just means one
+    # worker with a short batch, as in the covering optimum.
+    table = latency_table(profile, cores, max(p.batch for p in profile.points))
     best: tuple | None = None
     for j, cap in enumerate(table.batches):
         n = -(-batch // cap)  # ceil(B / b): fewer workers cannot take the load
@@ -288,7 +288,7 @@ def realizable_plan(profile: Profile, cores: int, batch: int) -> Plan:
     All workers of a version share one `batch_size` cap b and the front end gives
     a batch of up to b to whichever worker is idle; it does not choose which
     worker gets a short batch, so each worker must be assumed to get a full b.
-    So: n = ceil(B / b) workers, cap b a profiled batch size ≤ B, threads t_i with
+    So: n = ceil(B / b) workers, cap b any profiled batch size, threads t_i with
     Σ t_i ≤ T, latency max_i L(t_i, b). Since the workers' jobs are identical,
     the fewest threads that reach a latency are the same for all of them:
     a uniform plan (n × t threads) is optimal, and that is what is returned.
