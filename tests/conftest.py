@@ -25,6 +25,13 @@ def _build_tiny_store(store: Path) -> Path:
     # Batching archive for mixed good/bad batches: up to 4 requests, wait 300 ms.
     build_named("tiny-bert", store, "tiny-bert-b4",
                 ArchiveOptions(batch_size=4, max_batch_delay_ms=300))
+    build_named("tiny-gpt2", store, "tiny-gpt2",
+                ArchiveOptions(batch_size=4, max_batch_delay_ms=300, max_new_tokens_cap=12))
+    build_named("tiny-resnet", store, "tiny-resnet-ts", ArchiveOptions(runtime="torchscript"))
+    # A small pixel limit so the oversized-image case needs only a small PNG.
+    build_named("tiny-resnet", store, "tiny-resnet",
+                ArchiveOptions(batch_size=4, max_batch_delay_ms=300,
+                               extra={"max_image_pixels": 1_000_000}))
     build_from_dir(minilm_dir(), store, "minilm")
     return store
 

@@ -174,6 +174,8 @@ class Task:
         requests = [_with_content_type(r, context, i) for i, r in enumerate(data)]
         responses = self.run(requests)
         for i, response in enumerate(responses):
+            # Lets clients (and tests) see how TorchServe batched their request.
+            context.set_response_header(i, "x-packrat-batch-size", str(len(requests)))
             if isinstance(response, ErrorResponse):
                 context.set_response_status(
                     response.status, PHRASES.get(response.status, "Bad Request"), i

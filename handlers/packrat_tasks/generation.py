@@ -1,0 +1,110 @@
+"""`text-generation`: GPT-2-family greedy decoding.
+
+Input per request: raw UTF-8 prompt, or JSON {"text": "...", "max_new_tokens": n}
+with 1 <= n <= `packrat.max_new_tokens_cap` (default `packrat.default_max_new_tokens`).
+Prompts of different lengths share one batch: left padding plus an attention
+mask, so every row's last real token sits at the end and generate() derives
+position ids from the mask. The batch generates the largest n asked for; each
+row is then cut to its own n (greedy rows are independent, so this equals
+generating that row alone) and after its first end-of-text token, which is
+where generate() on that row alone would have stopped.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from packrat_tasks.base import Batch, RequestError, Task, get_field, parse_json_or_text
+
+SAMPLE_PROMPT = (
+    "The engineers measured the latency of every server in the rack and wrote down "
+    "what they saw, because the next step of the plan depended on"
+)
+
+
+class TextGenerationTask(Task):
+    name = "text-generation"
+
+    def __init__(self, model_dir: str, config: dict[str, Any]) -> None:
+        super().__init__(model_dir, config)
+        import transformers
+
+        section = config.get("packrat") or {}
+        if str(section.get("runtime", "eager")) != "eager":
+            raise ValueError("text-generation supports packrat.runtime: eager only")
+        path = os.path.join(model_dir, section.get("model_dir", "model"))
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        self.tokenizer.padding_side = "left"
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+        self.eos = self.tokenizer.eos_token_id
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
+        self.max_length = int(section.get("max_length", 128))
+        self.cap = int(section.get("max_new_tokens_cap", 32))
+        self.default_new = min(int(section.get("default_max_new_tokens", 16)), self.cap)
+        self.positions = int(getattr(self.model.config, "n_positions", 1024))
+
+    def parse(self, request: dict) -> tuple[list[int], int]:
+        obj = parse_json_or_text(request)
+        if isinstance(obj, dict):
+            text = get_field(obj, "text", str, required=True)
+            new = get_field(obj, "max_new_tokens", int, default=self.default_new)
+        else:
+            text, new = obj, self.default_new
+        if not text.strip():
+            raise RequestError(400, "empty prompt")
+        if not 1 <= new <= self.cap:
+            raise RequestError(400, f"max_new_tokens must be between 1 and {self.cap}, got {new}")
+        ids = self.tokenizer(text).input_ids
+        if len(ids) > self.max_length:
+            raise RequestError(
+                413, f"prompt is {len(ids)} tokens long; this model accepts at most {self.max_length}"
+            )
+        if len(ids) + new > self.positions:
+            raise RequestError(400, f"prompt ({len(ids)} tokens) + max_new_tokens ({new}) "
+                                    f"exceeds the model's {self.positions} positions")
+        return ids, new
+
+    def collate(self, batch: Batch) -> None:
+        rows = [batch.items[i][0] for i in batch.valid]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, row in enumerate(rows):
+            ids[r, width - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[r, width - len(row):] = 1
+        batch.inputs = {"input_ids": ids, "attention_mask": mask,
+                        "max_new_tokens": max(batch.items[i][1] for i in batch.valid)}
+
+    def forward(self, batch: Batch) -> Batch:
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=batch.inputs["input_ids"],
+                attention_mask=batch.inputs["attention_mask"],
+                max_new_tokens=batch.inputs["max_new_tokens"],
+                do_sample=False,
+                num_beams=1,
+                pad_token_id=self.pad,
+                eos_token_id=self.eos,
+            )
+        batch.outputs = out[:, batch.inputs["input_ids"].shape[1]:]
+        return batch
+
+    def respond(self, batch: Batch) -> list[Any]:
+        out = []
+        for row, i in zip(batch.outputs.tolist(), batch.valid):
+            prompt, new = batch.items[i]
+            tokens = row[:new]
+            if self.eos in tokens:
+                tokens = tokens[: tokens.index(self.eos) + 1]
+            out.append({
+                "generated_text": self.tokenizer.decode(tokens, skip_special_tokens=True),
+                "token_ids": tokens,
+                "prompt_tokens": len(prompt),
+            })
+        return out
+
+    def sample_requests(self, n: int) -> list[dict]:
+        return [{"body": SAMPLE_PROMPT.encode("utf-8")} for _ in range(n)]
