@@ -38,6 +38,7 @@ version in "format".
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import asdict
@@ -120,7 +121,7 @@ def _point(raw: Any, i: int) -> ProfilePoint:
         mean = _num(raw["mean_ms"], f"points[{i}].mean_ms")
     except KeyError as exc:
         raise ProfileError(f"points[{i}] lacks {exc.args[0]!r}") from exc
-    if threads < 1 or batch < 1 or not mean > 0:
+    if threads < 1 or batch < 1 or not (mean > 0 and math.isfinite(mean)):
         raise ProfileError(f"points[{i}]: threads and batch must be >= 1 and mean_ms > 0")
     return ProfilePoint(
         threads=threads,
