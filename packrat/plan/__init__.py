@@ -1,6 +1,6 @@
 """The optimiser: pure functions from a profile to a plan (no torch, no HTTP).
 
-    plan(profile, cores, batch) -> Plan          exact min–max 2-D knapsack
+    plan(profile, cores, batch, *, rtol=0.0, cover=False) -> Plan   exact min–max 2-D knapsack
     realizable_plan(profile, cores, batch)       best plan with one shared batch cap
     load_profile(path) -> Profile                Packrat JSON or CSV profile files
 """
