@@ -7,6 +7,11 @@ import typer
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Packrat for TorchServe")
 
 
+@app.callback()
+def main() -> None:
+    """Packrat for TorchServe: profile -> plan -> apply -> observe."""
+
+
 def _register_all() -> None:
     # One module per stage adds its commands; see each module's register().
     from packrat import commands
