@@ -89,3 +89,14 @@ def test_records_are_one_json_object_per_line(results: Path) -> None:
     kinds = [json.loads(line)["kind"] for line in lines]
     assert kinds[0] == "run" and kinds.count("measurement") == 8
     assert all(json.loads(line)["run_id"] == "t1" for line in lines)
+
+
+def test_fat_counts_as_the_oracle_candidate_of_its_shape(tmp_path: Path) -> None:
+    log = ResultLog(tmp_path / "r.jsonl")
+    _record(log, "bert", 4, "fat", [(2, 4)], 50.0)
+    _record(log, "bert", 4, "oracle", [(1, 2), (1, 2)], 60.0)
+    _record(log, "bert", 4, "packrat", [(2, 4)], 55.0, predicted=45.0)
+    (r,) = summarise(read_measurements(log.path))
+    # fat's 1x(2t,b4) is the fastest realisable shape measured: oracle 50, regret 55/50 - 1
+    assert r.oracle_ms == 50.0 and r.oracle_shape == "1x(2t,b4)"
+    assert r.regret == pytest.approx(0.10)

@@ -6,8 +6,11 @@ latency of B closed-loop clients; every ratio below uses it:
 * speedup over fat      = fat p50 / packrat p50        (> 1: packrat faster)
 * speedup over defaults = defaults p50 / packrat p50
 * regret                = packrat p50 / oracle p50 - 1 (oracle = fastest measured
-                          candidate shape at that B; < 0 means packrat's own
-                          measurement beat every candidate's, i.e. noise)
+                          realisable shape at that B: the "oracle" candidates plus
+                          fat, which is the candidate ⟨1, T, B⟩ and is measured once;
+                          packrat is measured on its own even when its shape is a
+                          candidate, so < 0 means its run beat the candidate's run:
+                          the size of that is the noise between two runs)
 * prediction gap        = packrat p50 / predicted - 1  (predicted = the optimiser's
                           max_i L(t_i, b_i) from the isolated profile)
 
@@ -71,7 +74,7 @@ def summarise(ms: Sequence[Measurement]) -> list[SummaryRow]:
             return max(cands, key=lambda m: m.time) if cands else None
 
         fat, defaults, packrat = one("fat"), one("defaults"), one("packrat")
-        oracle_cands = [m for m in group if m.config == "oracle" and m.valid]
+        oracle_cands = [m for m in group if m.config in ("oracle", "fat") and m.valid]
         oracle = min(oracle_cands, key=lambda m: m.p50) if oracle_cands else None
         p = packrat.p50 if packrat else None
         regret = _ratio(p, oracle.p50 if oracle else None)

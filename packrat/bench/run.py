@@ -1,0 +1,550 @@
+"""The benchmark driver: for each model and load B, every configuration measured in one run.
+
+    start TorchServe (or attach to one)
+    measure the load generator against a no-op model and a trivial local server
+    for each model:
+        build its archive; take one sample request body from its handler
+        profile it in isolation (nothing of ours is serving meanwhile)
+        register it as TorchServe would by default: T workers, torch's own
+            thread counts, batch 1 -> measure "defaults" at every B
+        for each B:
+            fat      1 worker, T threads, batch cap B       (applied as a plan)
+            oracle   every other realisable uniform shape ⟨i, T/i, ⌈B/i⌉⟩
+            packrat  the optimiser's realisable plan for B (live-plan swap)
+            -> each measured with B closed-loop clients
+        unregister it
+
+Every shape is applied through the live-plan code (packrat.apply.swap.Swapper):
+fat and the oracle's candidates are plans too. A shape that is already live is
+not swapped again. Each measurement is appended to results.jsonl the moment it
+lands (see packrat.bench.results); reports read only that file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from packrat.bench.loadgen import LoadResult, Target, closed_loop
+from packrat.bench.results import Measurement, ResultLog, shape_label
+from packrat.errors import ConfigError, PackratError
+from packrat.types import Instance, Plan, Profile
+
+# TorchServe's own default when default_workers_per_model is unset: one worker
+# per available processor (ConfigManager.getDefaultWorkers in 0.12).
+FULL_MODELS = ("bert-base", "gpt2", "resnet50")
+FULL_BATCHES = (1, 2, 4, 8, 16, 32)
+QUICK_MODELS = ("resnet50",)
+QUICK_BATCHES = (1, 4, 8)
+# Keys TorchServe hands out expire after 60 min by default; a full run is ~40 min
+# of traffic plus set-up, so the bench's own server gets longer-lived keys.
+TOKEN_EXPIRATION_MIN = 480
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    models: tuple[str, ...]  # named architectures (packrat archive) or archive directories
+    batches: tuple[int, ...]
+    out: Path
+    mode: str = "custom"  # "quick" | "full" | "custom": recorded only
+    requests: int | None = None  # measured requests per point; None: max(min_requests, rounds*B)
+    min_requests: int = 60
+    rounds: int = 8  # measured requests per client
+    warmup_rounds: int = 2
+    max_point_s: float = 60.0  # one measurement's wall-time bound
+    profile_budget_s: float = 150.0  # per model
+    profile_point_budget_s: float = 8.0
+    profile_path: Path | None = None  # reuse this profile instead of profiling (one model only)
+    runtime: str = "eager"
+    attach: Path | None = None  # workdir of a TorchServe started by packrat.apply.server
+    cores: tuple[int, ...] | None = None  # default: this process's affinity
+    capacity: bool = True
+    capacity_requests: int = 600
+    budget_s: float | None = None  # the whole run; steps past it are skipped (and noted)
+    progress: bool = True
+    command: str = ""
+
+    @property
+    def T(self) -> int:  # noqa: N802 (the design's name for the core count)
+        return len(self.cores or ())
+
+    def point_requests(self, batch: int) -> tuple[int, int]:
+        """(measured, warm-up) request counts for load B."""
+        n = self.requests if self.requests is not None else max(self.min_requests, self.rounds * batch)
+        return n, max(self.warmup_rounds * batch, 4)
+
+
+def quick_settings(out: Path, **kw: Any) -> BenchSettings:
+    base = dict(models=QUICK_MODELS, batches=QUICK_BATCHES, out=out, mode="quick", min_requests=40,
+                rounds=5, max_point_s=25.0, profile_budget_s=60.0, profile_point_budget_s=4.0,
+                capacity_requests=300)
+    base.update(kw)
+    return BenchSettings(**base)
+
+
+def full_settings(out: Path, **kw: Any) -> BenchSettings:
+    base = dict(models=FULL_MODELS, batches=FULL_BATCHES, out=out, mode="full", budget_s=40 * 60.0)
+    base.update(kw)
+    return BenchSettings(**base)
+
+
+# -- shapes ----------------------------------------------------------------------
+
+
+def uniform_plan(n: int, threads: int, cap: int, cores: int, batch: int, profile: Profile | None) -> Plan:
+    """n workers of `threads` threads and batch cap `cap`, with the profile's prediction."""
+    lat = profile.latency(threads, cap) if profile else None
+    inst = Instance(threads=threads, batch=cap, latency_ms=float(lat or 0.0))
+    return Plan(
+        cores=cores,
+        batch=batch,
+        instances=(inst,) * n,
+        predicted_latency_ms=float(lat or 0.0),
+        fat_latency_ms=profile.latency(cores, batch) if profile else None,
+    )
+
+
+def candidate_plans(cores: int, batch: int, profile: Profile | None) -> list[Plan]:
+    """Every realisable uniform shape ⟨i, ⌊T/i⌋, ⌈B/i⌉⟩ for i = 1..min(T, B), fat (i = 1) first.
+
+    One TorchServe version has one batch cap, so a realisable mix differs only in
+    thread counts; with T = 2 every split is even and the uniform shapes are all
+    there is. Σ caps may exceed B when i does not divide B (the front end decides
+    which worker gets the short batch).
+    """
+    out = []
+    for i in range(1, min(cores, batch) + 1):
+        out.append(uniform_plan(i, cores // i, math.ceil(batch / i), cores, batch, profile))
+    return out
+
+
+def plan_shape(plan: Plan) -> tuple[tuple[int, int], ...]:
+    return tuple(sorted(((i.threads, i.batch) for i in plan.instances), reverse=True))
+
+
+def predicted(plan: Plan) -> float | None:
+    lats = [i.latency_ms for i in plan.instances]
+    return max(lats) if lats and all(x > 0 for x in lats) else None
+
+
+# -- machine ---------------------------------------------------------------------
+
+
+def machine_info() -> dict[str, Any]:
+    import psutil
+
+    cpu = platform.processor() or "unknown"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                cpu = line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    info = {
+        "cpu": cpu,
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+    try:
+        import importlib.metadata as md
+
+        info["torch"] = md.version("torch")
+        info["torchserve"] = md.version("torchserve")
+    except Exception:  # noqa: BLE001 - versions are informative only
+        pass
+    return info
+
+
+# -- archives and request bodies ------------------------------------------------------
+
+
+def prepare_archive(spec: str, model_store: Path, *, workers: int, runtime: str) -> tuple[str, Path]:
+    """(model name, archive dir in `model_store`): a named architecture is built, a directory copied.
+
+    The base archive is what a user would register without tuning: `workers`
+    workers (TorchServe's default count), batch 1, no Packrat plan.
+    """
+    from packrat.archive import ArchiveOptions, build_named
+
+    src = Path(spec)
+    if src.is_dir():
+        name = src.name
+        dest = model_store / name
+        if not dest.exists():
+            shutil.copytree(src, dest, symlinks=True)
+        return name, dest
+    name = spec
+    dest = model_store / name
+    if dest.is_dir():
+        return name, dest  # built by an earlier (interrupted) run into the same out dir
+    options = ArchiveOptions(workers=workers, batch_size=1, runtime=runtime)
+    return name, Path(build_named(spec, model_store, name, options))
+
+
+_SAMPLE_SCRIPT = """
+import sys, json, yaml, base64
+sys.path.insert(0, sys.argv[1])
+import packrat_handler
+cfg = yaml.safe_load(open(sys.argv[1] + "/model_config.yaml")) or {}
+req = packrat_handler.load_task(sys.argv[1], cfg).sample_requests(1)[0]
+body = req.get("body") if req.get("body") is not None else req.get("data")
+if isinstance(body, str):
+    body = body.encode()
+elif not isinstance(body, (bytes, bytearray)):
+    body = json.dumps(body).encode()
+print(json.dumps({"body": base64.b64encode(bytes(body)).decode(),
+                  "content_type": req.get("content_type") or ""}))
+"""
+
+
+def sample_request(archive_dir: Path) -> tuple[bytes, str]:
+    """One request body (and content type) from the archive's own handler, as the profiler times it.
+
+    Run in a child process: it loads the model, which the bench process has no use for.
+    """
+    import base64
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _SAMPLE_SCRIPT, str(archive_dir)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    if proc.returncode != 0:
+        raise ConfigError(f"cannot take a sample request from {archive_dir}: {proc.stderr[-2000:]}")
+    d = json.loads(proc.stdout.strip().splitlines()[-1])
+    body = base64.b64decode(d["body"])
+    ctype = d["content_type"] or _guess_content_type(body)
+    return body, ctype
+
+
+def _guess_content_type(body: bytes) -> str:
+    head = body.lstrip()[:1]
+    if head in (b"{", b"["):
+        return "application/json"
+    if body[:8] == b"\x89PNG\r\n\x1a\n" or body[:3] == b"\xff\xd8\xff":
+        return "application/octet-stream"
+    try:
+        body.decode("utf-8")
+        return "text/plain"
+    except UnicodeDecodeError:
+        return "application/octet-stream"
+
+
+# -- the run ---------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    """What is live for the model being measured (kept by the driver, checked against TorchServe)."""
+
+    model: str
+    base_url: str
+    live_shape: tuple[tuple[int, int], ...] | None = None  # None: the plain base version
+    registered: bool = False
+
+
+class Bench:
+    def __init__(self, settings: BenchSettings) -> None:
+        cores = settings.cores or tuple(sorted(os.sched_getaffinity(0)))
+        self.s = replace(settings, cores=tuple(cores))
+        self.out = Path(settings.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.model_store = self.out / "model-store"
+        self.model_store.mkdir(exist_ok=True)
+        self.log = ResultLog(self.out / "results.jsonl")
+        self.deadline = None if settings.budget_s is None else time.monotonic() + settings.budget_s
+        self.server = None
+        self._owns_server = False
+        self._bar = None
+
+    # -- helpers ------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.write(text)
+        elif self.s.progress:
+            print(text, file=sys.stderr, flush=True)
+
+    def note(self, text: str, **kw: Any) -> None:
+        self.log.append("note", {"text": text, **kw})
+        self.say(f"note: {text}")
+
+    def time_left(self) -> float:
+        return math.inf if self.deadline is None else self.deadline - time.monotonic()
+
+    def target(self, model: str, body: bytes, ctype: str) -> Target:
+        # Keys are re-read for every measurement: TorchServe may have rotated them.
+        return Target(
+            url=f"{self.server.inference_url}/predictions/{model}",
+            body=body,
+            content_type=ctype,
+            token=self.server.keys.inference.key,
+            timeout_s=300.0,
+        )
+
+    # -- server ---------------------------------------------------------------------
+    def start_server(self) -> None:
+        from packrat.apply.server import RunningServer, start_torchserve
+
+        if self.s.attach:
+            self.server = RunningServer.attach(self.s.attach)
+            self.model_store = Path(self.server.model_store)
+            return
+        self.server = start_torchserve(
+            self.model_store,
+            self.out / "torchserve",
+            extra_properties={"token_expiration_min": str(TOKEN_EXPIRATION_MIN)},
+        )
+        self._owns_server = True
+
+    def stop_server(self) -> None:
+        if self.server is not None and self._owns_server:
+            self.server.stop()
+        self.server = None
+
+    def client(self):
+        from packrat.apply.client import ManagementClient
+
+        return ManagementClient(self.server.management_url, self.server.workdir / "key_file.json")
+
+    # -- capacity -------------------------------------------------------------------
+    def measure_capacity(self) -> None:
+        """The generator against a no-op TorchServe model and a trivial local server."""
+        from packrat.bench.localserver import LocalServer  # noqa: F401 (the child runs it)
+
+        clients_list = [c for c in (1, 4, 16, 32) if c <= max(max(self.s.batches), 4)]
+        name, _ = prepare_archive("noop", self.model_store, workers=self.s.T, runtime="eager")
+        client = self.client()
+        client.register(name, name, self.s.T)
+        try:
+            for c in clients_list:
+                t = Target(f"{self.server.inference_url}/predictions/{name}", b"ping",
+                           "application/octet-stream", self.server.keys.inference.key)
+                res = closed_loop(t, c, self.s.capacity_requests, warmup=max(20, 2 * c))
+                self.log.append("capacity", {"target": f"TorchServe noop ({self.s.T} workers)",
+                                             "load": res.summary()})
+                self.say(f"capacity noop@TorchServe clients={c}: {res.throughput_rps:.0f} req/s, "
+                         f"p50 {res.p50_ms:.2f} ms, generator {res.generator_cpu_ms_per_request:.3f} ms CPU/req")
+        finally:
+            client.unregister(name, "1.0")
+        proc = subprocess.Popen([sys.executable, "-m", "packrat.bench.localserver", "--port", "0"],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(proc.stdout.readline().split()[-1])
+            for c in clients_list:
+                t = Target(f"http://127.0.0.1:{port}/predictions/x", b"ping", "application/octet-stream", "x")
+                res = closed_loop(t, c, self.s.capacity_requests, warmup=max(20, 2 * c))
+                self.log.append("capacity", {"target": "trivial local HTTP server", "load": res.summary()})
+                self.say(f"capacity local server clients={c}: {res.throughput_rps:.0f} req/s, "
+                         f"generator {res.generator_cpu_ms_per_request:.3f} ms CPU/req")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+    # -- profile --------------------------------------------------------------------
+    def profile(self, name: str, archive: Path) -> Profile:
+        from packrat.profile import ProfileSettings, load_profile, open_archive, run_profile, save_profile
+
+        path = self.out / "profiles" / f"{name}.json"
+        if self.s.profile_path is not None:
+            return load_profile(self.s.profile_path)
+        if path.exists():
+            prof = load_profile(path)
+            if prof.extra.get("complete", True) is not False:
+                self.say(f"{name}: reusing profile {path}")
+                return prof
+        path.parent.mkdir(parents=True, exist_ok=True)
+        settings = ProfileSettings(
+            cores=self.s.T,
+            max_batch=max(self.s.batches),
+            budget_s=min(self.s.profile_budget_s, max(self.time_left() * 0.3, 30.0)),
+            point_budget_s=self.s.profile_point_budget_s,
+        )
+        t0 = time.monotonic()
+        prof = run_profile(open_archive(archive), settings, progress=self.s.progress,
+                           on_update=lambda p: save_profile(p, path), log_path=path.with_suffix(".log"))
+        save_profile(prof, path)
+        self.log.append("profile", {"model": name, "path": str(path), "seconds": round(time.monotonic() - t0, 1),
+                                    "points": [[p.threads, p.batch, round(p.mean_ms, 3)] for p in prof.points],
+                                    "omitted": prof.extra.get("omitted", [])})
+        return prof
+
+    # -- applying shapes ----------------------------------------------------------------
+    def register_defaults(self, st: _State) -> None:
+        client = self.client()
+        client.register(st.base_url, st.model, self.s.T)
+        st.registered = True
+        st.live_shape = None
+
+    def apply_plan(self, st: _State, plan: Plan) -> dict[str, Any] | None:
+        """Make `plan` live through the live-plan swap, unless that shape is live already."""
+        from packrat.apply.swap import Swapper
+
+        shape = plan_shape(plan)
+        if st.live_shape == shape:
+            return None
+        swapper = Swapper(self.client(), self.model_store, list(self.s.cores))
+        record = swapper.apply(st.model, plan)
+        st.live_shape = shape
+        return {"swap_s": record.duration_s, "phases_s": record.phases_s, "to_version": record.to_version,
+                "warnings": record.warnings}
+
+    def unregister_all(self, st: _State) -> None:
+        from packrat.apply import versions
+        from packrat.errors import TorchServeError
+
+        client = self.client()
+        try:
+            described = client.describe_all(st.model)
+        except TorchServeError:
+            return
+        try:
+            default = client.describe(st.model)["modelVersion"]
+        except TorchServeError:
+            default = None
+        # The default version goes last: TorchServe refuses it while others exist.
+        for d in sorted(described, key=lambda d: d["modelVersion"] == default):
+            try:
+                client.unregister(st.model, d["modelVersion"])
+            except TorchServeError as exc:
+                self.note(f"unregister {st.model} {d['modelVersion']} failed: {exc}", model=st.model)
+            path = self.model_store / d["modelUrl"]
+            if path.name != st.base_url and (path / versions.MANIFEST).exists() and versions.load_version(path):
+                versions.remove_version(path)
+        st.registered = False
+
+    # -- measuring ------------------------------------------------------------------
+    def measure(self, st: _State, batch: int, config: str, plan: Plan | None, target: Target,
+                extra: dict[str, Any] | None = None) -> Measurement:
+        n, warm = self.s.point_requests(batch)
+        load_before = os.getloadavg()[0]
+        res: LoadResult = closed_loop(target, batch, n, warmup=warm, max_duration_s=self.s.max_point_s)
+        if plan is None:
+            inst: tuple[tuple[int, int], ...] = ()
+            shape = f"defaults: {self.s.T} workers x torch threads, batch 1"
+            pred = None
+        else:
+            inst = plan_shape(plan)
+            shape = shape_label(inst)
+            pred = predicted(plan)
+        m = Measurement(
+            model=st.model, batch=batch, config=config, shape=shape, instances=inst, predicted_ms=pred,
+            load=res.summary(),
+            extra={"loadavg_1m_before": round(load_before, 2), "requests": n, "warmup": warm, **(extra or {})},
+        )
+        self.log.measurement(m)
+        missing = n - res.ok - res.errors
+        self.say(
+            f"{st.model:>10} B={batch:<3} {config:<8} {shape:<22} p50 {res.p50_ms or float('nan'):8.1f} ms"
+            f"  p99 {res.p99_ms or float('nan'):8.1f}  {res.throughput_rps:7.1f} req/s"
+            f"  pred {pred or float('nan'):7.1f}  err {res.errors}" + (f"  (cut short: {missing} not sent)" if missing else "")
+        )
+        return m
+
+    # -- the loop ---------------------------------------------------------------------
+    def steps_per_model(self) -> int:
+        return 1 + sum(1 + len(candidate_plans(self.s.T, b, None)) + 1 for b in self.s.batches)
+
+    def run(self) -> Path:
+        from tqdm import tqdm
+
+        from packrat.plan import realizable_plan
+
+        self.log.append("run", {"command": self.s.command, "mode": self.s.mode, "machine": machine_info(),
+                                "settings": {k: (str(v) if isinstance(v, Path) else v)
+                                             for k, v in asdict(self.s).items()}})
+        self.start_server()
+        total = len(self.s.models) * self.steps_per_model()
+        self._bar = tqdm(total=total, desc="bench", unit="step", dynamic_ncols=True, file=sys.stderr,
+                         disable=not self.s.progress)
+        try:
+            if self.s.capacity:
+                self._bar.set_postfix_str("load generator capacity")
+                try:
+                    self.measure_capacity()
+                except PackratError as exc:
+                    self.note(f"capacity measurement failed: {exc}")
+            for k, spec in enumerate(self.s.models):
+                models_left = len(self.s.models) - k
+                model_deadline = time.monotonic() + self.time_left() / models_left
+                self._one_model(spec, realizable_plan, model_deadline)
+        finally:
+            self._bar.close()
+            self._bar = None
+            self.stop_server()
+        from packrat.bench.report import write_report
+
+        write_report(self.log.path)
+        return self.log.path
+
+    def _one_model(self, spec: str, realizable_plan: Callable, model_deadline: float) -> None:
+        bar = self._bar
+        bar.set_postfix_str(f"{spec}: archive + sample request")
+        name, archive = prepare_archive(spec, self.model_store, workers=self.s.T, runtime=self.s.runtime)
+        body, ctype = sample_request(archive)
+        self.log.append("model", {"model": name, "archive": str(archive), "content_type": ctype,
+                                  "body_bytes": len(body)})
+        bar.set_postfix_str(f"{name}: profiling")
+        profile = self.profile(name, archive)
+        bar.update(1)
+        st = _State(model=name, base_url=archive.name)
+        try:
+            bar.set_postfix_str(f"{name}: register defaults")
+            self.register_defaults(st)
+            for b in self.s.batches:
+                if time.monotonic() > model_deadline:
+                    self.note("skipped: time budget", model=name, batch=b, config="defaults")
+                    bar.update(1)
+                    continue
+                bar.set_postfix_str(f"{name} B={b} defaults")
+                self.measure(st, b, "defaults", None, self.target(name, body, ctype))
+                bar.update(1)
+            for b in self.s.batches:
+                cands = candidate_plans(self.s.T, b, profile)
+                try:
+                    pk = realizable_plan(profile, self.s.T, b)
+                except PackratError as exc:
+                    self.note(f"no packrat plan: {exc}", model=name, batch=b)
+                    pk = None
+                steps = [("fat", cands[0])] + [("oracle", p) for p in cands[1:]] + ([("packrat", pk)] if pk else [])
+                # The packrat plan comes right after the candidate of the same shape when there
+                # is one, so it needs no swap of its own; it is still measured on its own.
+                if pk is not None:
+                    same = [i for i, (_, p) in enumerate(steps[:-1]) if plan_shape(p) == plan_shape(pk)]
+                    if same:
+                        steps.insert(same[0] + 1, steps.pop())
+                for config, plan in steps:
+                    if time.monotonic() > model_deadline:
+                        self.note("skipped: time budget", model=name, batch=b, config=config)
+                        bar.update(1)
+                        continue
+                    bar.set_postfix_str(f"{name} B={b} {config} {shape_label(plan_shape(plan))}")
+                    try:
+                        swap = self.apply_plan(st, plan)
+                    except PackratError as exc:
+                        self.note(f"could not apply {shape_label(plan_shape(plan))}: {exc}", model=name,
+                                  batch=b, config=config)
+                        st.live_shape = "unknown"  # type: ignore[assignment]
+                        bar.update(1)
+                        continue
+                    extra = {"swap": swap} if swap else {"swap": "none: shape already live"}
+                    if config == "packrat":
+                        extra["fat_predicted_ms"] = pk.fat_latency_ms
+                    self.measure(st, b, config, plan, self.target(name, body, ctype), extra)
+                    bar.update(1)
+                bar.update(max(0, 1 + len(candidate_plans(self.s.T, b, None)) - len(steps)))
+        finally:
+            bar.set_postfix_str(f"{name}: unregister")
+            self.unregister_all(st)

@@ -1,0 +1,108 @@
+"""`packrat bench` (the side-by-side benchmark) and `packrat bench-report` (tables from saved results)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from packrat.errors import ConfigError, PackratError
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--batches must be comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise ConfigError(f"--batches must be positive integers, got {text!r}")
+    return values
+
+
+def bench_command(
+    model: Optional[list[str]] = typer.Option(
+        None, "--model", "-m",
+        help="Named architecture (bert-base, gpt2, resnet50, tiny-bert, ...) or archive directory; repeatable"),
+    batches: Optional[str] = typer.Option(None, "--batches", "-b", help="Loads B, e.g. 1,2,4,8"),
+    quick: bool = typer.Option(False, "--quick", help="Minutes: resnet50 at B = 1,4,8, short profile"),
+    full: bool = typer.Option(False, "--full", help="bert-base, gpt2, resnet50 at B = 1..32 (~40 min on 2 cores)"),
+    requests: Optional[int] = typer.Option(None, "--requests", "-n",
+                                           help="Measured requests per point [default: max(min, rounds x B)]"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir [default: bench-out/<time>]"),
+    attach: Optional[Path] = typer.Option(None, "--attach", help="Workdir of a running TorchServe to use"),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Use this profile (one model only)"),
+    runtime: str = typer.Option("eager", "--runtime", help="Archive runtime: eager | torchscript"),
+    budget_min: Optional[float] = typer.Option(None, "--budget-min", help="Whole-run time bound (minutes)"),
+    no_capacity: bool = typer.Option(False, "--no-capacity", help="Skip the load generator's own capacity run"),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+) -> None:
+    """Measure fat, TorchServe defaults, packrat and the oracle side by side through a real TorchServe."""
+    from packrat.bench.report import write_report
+    from packrat.bench.run import BenchSettings, full_settings, quick_settings
+
+    out = out or Path("bench-out") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    try:
+        if quick and full:
+            raise ConfigError("--quick and --full exclude each other")
+        kw: dict = dict(requests=requests, attach=attach, profile_path=profile, runtime=runtime,
+                        capacity=not no_capacity, progress=not quiet,
+                        command="packrat bench " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []))
+        if model:
+            kw["models"] = tuple(model)
+        if batches:
+            kw["batches"] = _ints(batches)
+        if budget_min is not None:
+            kw["budget_s"] = budget_min * 60.0
+        if quick:
+            settings = quick_settings(out, **kw)
+        elif full:
+            settings = full_settings(out, **kw)
+        else:
+            if not model or not batches:
+                raise ConfigError("give --model and --batches, or --quick / --full")
+            settings = BenchSettings(out=out, **kw)
+        if profile is not None and len(settings.models) != 1:
+            raise ConfigError("--profile applies to exactly one --model")
+        from packrat.bench.run import Bench
+
+        results = Bench(settings).run()
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except PackratError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        if (out / "results.jsonl").exists():
+            write_report(out / "results.jsonl")
+            typer.echo(f"partial results: {out / 'summary.md'}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        if (out / "results.jsonl").exists():
+            write_report(out / "results.jsonl")
+            typer.echo(f"interrupted; what was measured is in {out / 'summary.md'}", err=True)
+        raise typer.Exit(130) from None
+    typer.echo((out / "summary.md").read_text())
+    typer.echo(f"results: {results}  report: {out / 'summary.md'}  chart: {out / 'latency.png'}")
+
+
+def bench_report_command(
+    results: Path = typer.Argument(..., help="results.jsonl written by packrat bench"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory [default: beside the results]"),
+) -> None:
+    """Rebuild summary.md, CSVs and the chart from a saved results.jsonl."""
+    from packrat.bench.report import write_report
+
+    if not results.is_file():
+        typer.echo(f"error: {results}: no such file", err=True)
+        raise typer.Exit(2)
+    paths = write_report(results, out)
+    typer.echo(paths["summary_md"].read_text())
+    typer.echo("  ".join(f"{k}: {v}" for k, v in paths.items()))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench_command)
+    app.command("bench-report")(bench_report_command)

@@ -1,0 +1,56 @@
+"""The benchmark driver's pure parts: candidate shapes, request counts, CLI argument errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from packrat.bench.run import BenchSettings, candidate_plans, plan_shape, predicted, quick_settings
+from packrat.cli import app
+from packrat.types import Profile, ProfilePoint
+
+
+def _profile() -> Profile:
+    # L(t, b) = 10 * b / t ms for t in 1..2, b in 1, 2, 4, 8
+    pts = tuple(ProfilePoint(threads=t, batch=b, mean_ms=10.0 * b / t) for t in (1, 2) for b in (1, 2, 4, 8))
+    return Profile(model_id="synthetic", points=pts)
+
+
+def test_candidates_are_the_uniform_shapes_fat_first() -> None:
+    shapes = [plan_shape(p) for p in candidate_plans(2, 8, _profile())]
+    # i = 1: 1 worker x 2 threads x cap 8 (fat); i = 2: 2 workers x 1 thread x cap 4
+    assert shapes == [((2, 8),), ((1, 4), (1, 4))]
+    # B = 1 admits one worker only; B = 3 on 2 cores: caps ceil(3/2) = 2
+    assert [plan_shape(p) for p in candidate_plans(2, 1, None)] == [((2, 1),)]
+    assert [plan_shape(p) for p in candidate_plans(2, 3, None)] == [((2, 3),), ((1, 2), (1, 2))]
+
+
+def test_candidate_predictions_come_from_the_profile() -> None:
+    fat, thin = candidate_plans(2, 8, _profile())
+    assert predicted(fat) == pytest.approx(10.0 * 8 / 2)  # L(2, 8)
+    assert predicted(thin) == pytest.approx(10.0 * 4 / 1)  # L(1, 4)
+    assert fat.fat_latency_ms == pytest.approx(40.0)
+    # unprofiled cap (3) -> no prediction rather than a guess
+    assert predicted(candidate_plans(2, 3, _profile())[0]) is None
+
+
+def test_request_counts_scale_with_load() -> None:
+    s = BenchSettings(models=("x",), batches=(1, 32), out=Path("o"), min_requests=60, rounds=8, warmup_rounds=2)
+    assert s.point_requests(1) == (60, 4)  # min 60 measured; warm-up at least 4
+    assert s.point_requests(32) == (256, 64)  # 8 rounds x 32, 2 rounds x 32
+    assert BenchSettings(models=("x",), batches=(1,), out=Path("o"), requests=10).point_requests(32)[0] == 10
+    assert quick_settings(Path("o")).batches == (1, 4, 8)
+
+
+def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
+    runner = CliRunner()
+    r = runner.invoke(app, ["bench", "--quick", "--full", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "exclude" in r.output
+    r = runner.invoke(app, ["bench", "-m", "tiny-bert", "-b", "1,x", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "--batches" in r.output
+    r = runner.invoke(app, ["bench", "-m", "tiny-bert", "--out", str(tmp_path)])
+    assert r.exit_code == 2
+    r = runner.invoke(app, ["bench-report", str(tmp_path / "missing.jsonl")])
+    assert r.exit_code == 2
