@@ -26,8 +26,9 @@ from packrat.errors import TorchServeError
 
 # TorchServe 0.12 answers a missing, wrong or expired key with HTTP 400 and this text.
 _TOKEN_FAILED = "Token Authorization failed"
-# Refresh a key this long before its stated expiry, so a call never races the clock.
-_EXPIRY_MARGIN_S = 60.0
+# Refresh a key this long before its stated expiry, so a call rarely races the clock.
+# Small: refreshing rotates the key for every other user of it too.
+DEFAULT_EXPIRY_MARGIN_S = 2.0
 
 
 def read_key_file(key_file: str | Path) -> Keys:
@@ -53,7 +54,9 @@ class ManagementClient:
         *,
         timeout_s: float = 30.0,  # plain calls; register/scale pass their own, longer one
         session: requests.Session | None = None,
+        expiry_margin_s: float = DEFAULT_EXPIRY_MARGIN_S,
     ) -> None:
+        self.expiry_margin_s = expiry_margin_s
         self.base = management_url.rstrip("/")
         self.key_file = Path(key_file) if key_file else None
         self.timeout_s = timeout_s
@@ -80,7 +83,7 @@ class ManagementClient:
         if keys is None:
             return None
         expires = keys.management.expires
-        if expires is not None and expires.timestamp() - time.time() < _EXPIRY_MARGIN_S:
+        if expires is not None and expires.timestamp() - time.time() < self.expiry_margin_s:
             keys = self.refresh_management_key()
         return keys.management.key
 

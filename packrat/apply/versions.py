@@ -189,18 +189,23 @@ def create_version(
             # Relative link: the store can be moved as a whole.
             os.symlink(Path("..") / base / entry.name, tmp / entry.name)
         config = dict(base_config)
+        # The base's own packrat keys (task, precision, ...) stay; the shape keys are ours.
+        packrat_cfg = dict(base_config.get("packrat") or {})
+        packrat_cfg.update(
+            {
+                "plan_id": plan_id,
+                "base": base,
+                "slots": [{"cores": list(s.cores), "threads": s.threads} for s in slots],
+                "plan": plan_to_dict(plan),
+            }
+        )
         config.update(
             {
                 "batchSize": batch_size,
                 "maxBatchDelay": max_batch_delay_ms,
                 "minWorkers": len(slots),
                 "maxWorkers": len(slots),
-                "packrat": {
-                    "plan_id": plan_id,
-                    "base": base,
-                    "slots": [{"cores": list(s.cores), "threads": s.threads} for s in slots],
-                    "plan": plan_to_dict(plan),
-                },
+                "packrat": packrat_cfg,
             }
         )
         (tmp / config_name).write_text(yaml.safe_dump(config, sort_keys=False))
