@@ -24,8 +24,9 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# Not `torchserve --stop`: it stops whatever server /tmp/.model_server.pid names,
+# which may be another instance (tests, another checkout). This stops ours only.
 stop:
-	-$(BIN)/torchserve --stop
 	-scripts/stop_demo.sh
 
 clean: stop

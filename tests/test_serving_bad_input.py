@@ -27,6 +27,8 @@ CASES = [
     ("tiny-bert", {"body": b'{"text": 42}'}, 400, "field 'text' must be str"),
     ("tiny-bert", {"json": ["a", "list"]}, 400, "JSON object"),
     ("tiny-bert", {"body": ("word " * 200).encode()}, 413, "at most 64"),
+    ("tiny-bert", {"body": b"curl -d text", "headers": {"Content-Type": "application/x-www-form-urlencoded"}},
+     415, "form-encoded"),
     ("tiny-gpt2", {"json": {"text": "hi", "max_new_tokens": 13}}, 400, "between 1 and 12"),
     ("tiny-gpt2", {"json": {"text": "hi", "max_new_tokens": 0}}, 400, "between 1 and 12"),
     ("tiny-gpt2", {"json": {"text": "hi", "max_new_tokens": "5"}}, 400, "must be int"),

@@ -63,6 +63,16 @@ def request_value(request: dict) -> Any:
     return None
 
 
+def reject_form(request: dict) -> None:
+    """curl -d sends application/x-www-form-urlencoded; TorchServe then splits the
+    body into form fields and the text is lost, so say how to send it instead."""
+    if "x-www-form-urlencoded" in str(request.get("content_type", "")).lower():
+        raise RequestError(
+            415, "form-encoded body (curl -d); send the raw body with --data-binary and "
+            "Content-Type: text/plain, application/json or application/octet-stream",
+        )
+
+
 def parse_json_or_text(request: dict) -> Any:
     """Decode a text-ish payload to a dict (JSON object) or a str.
 
@@ -71,6 +81,7 @@ def parse_json_or_text(request: dict) -> Any:
     bytes that start with "{" are parsed as JSON here, so a client that forgets
     the content type still gets JSON semantics.
     """
+    reject_form(request)
     value = request_value(request)
     if value is None:
         raise RequestError(400, "empty request: no body")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from packrat_tasks.base import Batch, RequestError, Task, get_field, request_value
+from packrat_tasks.base import Batch, RequestError, Task, get_field, reject_form, request_value
 from packrat_tasks.runtime import make_runner
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
@@ -81,6 +81,7 @@ class ImageClassificationTask(Task):
         self.runner = make_runner(_Logits(self.model), example, config)
 
     def _image_bytes(self, request: dict) -> tuple[bytes, int]:
+        reject_form(request)
         value = request_value(request)
         top_k = self.top_k
         if isinstance(value, (bytes, bytearray)) and bytes(value[:1]) == b"{":

