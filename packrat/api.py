@@ -12,6 +12,10 @@ default (see packrat.commands.control).
     POST /v1/models/{model}/profile          re-profile in the background -> job
     GET  /v1/jobs/{job_id}                   poll a job
     GET  /v1/swaps                           swap history (all models)
+    GET  /v1/models/{model}/adapt            the re-plan loop: enabled, recent decisions
+    PUT  /v1/models/{model}/adapt            switch the re-plan loop on/off for a model
+    GET  /metrics                            Prometheus text: the loop's counters (no token,
+                                             like TorchServe's own metrics port)
 
 The spec is FastAPI's (GET /openapi.json, exported to docs/openapi.json by
 scripts/export_openapi.py).
@@ -28,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from packrat.apply import versions
@@ -67,6 +71,10 @@ class ProfileRequest(BaseModel):
     max_batch: int = Field(default=8, ge=1, le=1024)
     budget_s: float | None = Field(default=120.0, gt=0, description="whole profiling run [s]")
     cores: int | None = Field(default=None, ge=1)
+
+
+class AdaptRequest(BaseModel):
+    enabled: bool = Field(description="false: keep the current plan fixed (no automatic re-plan)")
 
 
 class Job(BaseModel):
@@ -276,6 +284,34 @@ def create_app(controller: Controller) -> FastAPI:
     @app.get("/v1/swaps", dependencies=auth, summary="Swap history, newest last")
     def swaps(last: int = 50) -> list[dict[str, Any]]:
         return controller.history(None, last=last)
+
+    def adaptive(model: str):
+        known(model)
+        loop = controller.policy
+        if loop is None or not hasattr(loop, "set_enabled"):
+            raise HTTPException(409, "the re-plan loop is not running in this controller")
+        return loop
+
+    @app.get("/v1/models/{model}/adapt", dependencies=auth, summary="Re-plan loop state and decisions")
+    def get_adapt(model: str, last: int = 20) -> dict[str, Any]:
+        loop = adaptive(model)
+        return {"model": model, "enabled": loop.is_enabled(model), "decisions": loop.decisions(model, last)}
+
+    @app.put("/v1/models/{model}/adapt", dependencies=auth, summary="Switch automatic re-planning on/off")
+    def put_adapt(model: str, req: AdaptRequest) -> dict[str, Any]:
+        loop = adaptive(model)
+        loop.set_enabled(model, req.enabled)
+        return {"model": model, "enabled": loop.is_enabled(model)}
+
+    @app.get("/metrics", summary="Prometheus metrics of the re-plan loop (no token)")
+    def metrics() -> Response:
+        # Unauthenticated like TorchServe's metrics port: counts only, and
+        # Prometheus scrapers cannot follow a key that expires hourly.
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        registry = getattr(controller.policy, "registry", None) if controller else None
+        body = generate_latest(registry) if registry is not None else b""
+        return Response(content=body, media_type=CONTENT_TYPE_LATEST)
 
     return app
 

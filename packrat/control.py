@@ -70,6 +70,7 @@ class TickContext:
     observation: Observation | None
     cores: int
     profile_path: Path | None
+    swap_in_progress: bool = False  # a swap (e.g. one started over REST) is running
 
 
 # A policy decides from the context and its own state whether to apply a new plan.
@@ -264,6 +265,8 @@ class Controller:
             "other_versions": list(st.other_versions),
             "swap_in_progress": self.running_swap.to_dict() if self.running_swap else None,
             "last_swaps": self.history(model, last=10),
+            # The re-plan loop's view (estimated B, last decisions), if it runs.
+            "adapt": self.policy.status(model) if hasattr(self.policy, "status") else None,
         }
 
     # -- acting -------------------------------------------------------------------
@@ -330,6 +333,7 @@ class Controller:
                 observation=self.observe(model),
                 cores=len(self.cores),
                 profile_path=profile if profile.exists() else None,
+                swap_in_progress=self.running_swap is not None,
             )
             new_plan, all_state[model] = self.policy(ctx, all_state.get(model, {}))
             self._save_policy_state(all_state)

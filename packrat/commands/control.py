@@ -36,6 +36,8 @@ def run_controller(
     host: str,
     port: int,
     stop: threading.Event | None = None,
+    adapt: bool = True,
+    min_dwell_s: float | None = None,
 ) -> None:
     """Attach, clean up after a killed predecessor, then serve the REST API until stopped."""
     import uvicorn
@@ -50,8 +52,16 @@ def run_controller(
         model_store=model_store,
         state_dir=state_dir,
         cores=cores,
+        # The re-plan loop's estimator counts ticks of about a second.
+        tick_s=1.0 if adapt else 5.0,
     )
-    controller = Controller(settings)
+    policy = None
+    if adapt:
+        from packrat.observe.loop import AdaptiveLoop, adapt_settings, log_decisions_to
+
+        policy = AdaptiveLoop(adapt_settings(min_dwell_s=min_dwell_s))
+        log_decisions_to(state_dir / "decisions.jsonl")
+    controller = Controller(settings, policy=policy)
     controller.acquire()
     try:
         cleaned = controller.attach()
@@ -92,6 +102,8 @@ def register(app: typer.Typer) -> None:
         cores: Optional[str] = typer.Option(None, "--cores", help="usable cores, e.g. 0-3 [default: affinity]"),
         host: str = typer.Option("127.0.0.1", "--host", help="REST API address (loopback by default)"),
         port: int = typer.Option(DEFAULT_API_PORT, "--port", help="REST API port"),
+        adapt: bool = typer.Option(True, "--adapt/--no-adapt", help="re-plan automatically when the load moves"),
+        min_dwell: Optional[float] = typer.Option(None, "--min-dwell", help="seconds between automatic swaps [60]"),
     ) -> None:
         """Attach to a running TorchServe and serve the Packrat REST API."""
         try:
@@ -104,6 +116,8 @@ def register(app: typer.Typer) -> None:
                 cores=_parse_cores(cores),
                 host=host,
                 port=port,
+                adapt=adapt,
+                min_dwell_s=min_dwell,
             )
         except PackratError as exc:
             typer.echo(f"error: {exc}", err=True)
@@ -118,6 +132,8 @@ def register(app: typer.Typer) -> None:
         cores: Optional[str] = typer.Option(None, "--cores"),
         host: str = typer.Option("127.0.0.1", "--host"),
         port: int = typer.Option(DEFAULT_API_PORT, "--port"),
+        adapt: bool = typer.Option(True, "--adapt/--no-adapt", help="re-plan automatically when the load moves"),
+        min_dwell: Optional[float] = typer.Option(None, "--min-dwell", help="seconds between automatic swaps [60]"),
     ) -> None:
         """Start TorchServe (with the config's ports) and the controller; Ctrl-C stops both."""
         from packrat.apply.server import Ports, read_properties, start_torchserve
@@ -152,6 +168,8 @@ def register(app: typer.Typer) -> None:
                 host=host,
                 port=port,
                 stop=stop,
+                adapt=adapt,
+                min_dwell_s=min_dwell,
             )
         except PackratError as exc:
             typer.echo(f"error: {exc}", err=True)

@@ -1,0 +1,292 @@
+"""The adaptation loop as the controller's policy: counters -> B -> decide -> plan.
+
+`AdaptiveLoop` has the signature of packrat.control.Policy,
+
+    loop(tick_context, state_dict) -> (plan to apply or None, new state_dict)
+
+and glues the pure parts together: estimator.estimate (B from the
+observation), the optimiser (packrat.plan.realizable_plan, plus the other
+realisable uniform plans as alternatives the contention correction may
+prefer), predict.plan_latency_at (the active plan at the new B) and
+policy.decide. The controller persists the returned dict, so a restarted
+controller resumes with the same estimate, dwell clock and correction.
+
+Side effects are limited to reporting: every decision is logged as one JSON
+line (logger "packrat.adapt"), kept in a short in-memory list for the status
+endpoint, and counted in a prometheus_client registry the REST API exports
+at /metrics.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from packrat.errors import PackratError
+from packrat.observe.estimator import Estimate, EstimatorSettings, estimate
+from packrat.observe.persist import (
+    estimator_state_from_json,
+    estimator_state_to_json,
+    policy_state_from_json,
+    policy_state_to_json,
+)
+from packrat.observe.policy import Decision, PolicyContext, PolicySettings, decide
+from packrat.observe.predict import plan_latency_at, same_shape, uniform_candidates
+from packrat.types import Plan, Profile
+
+log = logging.getLogger("packrat.adapt")
+
+
+@dataclass(frozen=True)
+class AdaptSettings:
+    estimator: EstimatorSettings = field(default_factory=EstimatorSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    # Decisions kept per model for the status endpoint.
+    keep_decisions: int = 50
+    # New models adapt unless switched off over REST.
+    enabled_by_default: bool = True
+
+
+class _Metrics:
+    """Prometheus series of the loop (own registry: tests and two loops do not clash)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.decisions = Counter("packrat_adapt_decisions", "Re-plan decisions, by reason",
+                                 ["model", "reason"], registry=registry)
+        self.swaps = Counter("packrat_adapt_swaps", "Swaps the re-plan policy ordered",
+                             ["model"], registry=registry)
+        self.version_changes = Counter(
+            "packrat_adapt_version_changes", "Default-version changes seen (swaps that landed)",
+            ["model"], registry=registry)
+        self.estimates = Counter("packrat_batch_estimates", "Ready batch estimates, by estimated B",
+                                 ["model", "batch"], registry=registry)
+        self.resets = Counter("packrat_counter_resets", "TorchServe counter resets (restarts) seen",
+                              ["model"], registry=registry)
+        self.batch = Gauge("packrat_estimated_batch", "Estimated live batch B", ["model"],
+                           registry=registry)
+        self.concurrency = Gauge("packrat_estimated_concurrency",
+                                 "Little's-law mean concurrency of the last window", ["model"],
+                                 registry=registry)
+        self.active_batch = Gauge("packrat_active_plan_batch", "B the active plan was made for",
+                                  ["model"], registry=registry)
+        self.gain = Gauge("packrat_predicted_gain", "Corrected predicted gain of the best plan",
+                          ["model"], registry=registry)
+        self.gap = Gauge("packrat_latency_gap",
+                         "Observed / predicted latency - 1 of the active plan (last settled tick)",
+                         ["model"], registry=registry)
+        self.enabled = Gauge("packrat_adapt_enabled", "1 if the model adapts, 0 if its plan is fixed",
+                             ["model"], registry=registry)
+
+
+class AdaptiveLoop:
+    """Controller policy: estimate B each tick and ask for the plan for it when that pays."""
+
+    def __init__(
+        self,
+        settings: AdaptSettings | None = None,
+        registry: CollectorRegistry | None = None,
+        emit: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings or AdaptSettings()
+        self.registry = registry or CollectorRegistry()
+        self.metrics = _Metrics(self.registry)
+        self._emit = emit or log.info
+        self._lock = threading.Lock()
+        self._decisions: dict[str, collections.deque] = {}
+        self._pending_enable: dict[str, bool] = {}
+        self._enabled: dict[str, bool] = {}
+        self._profiles: dict[Path, tuple[float, Profile]] = {}
+
+    # -- REST-facing --------------------------------------------------------------
+    def set_enabled(self, model: str, enabled: bool) -> None:
+        """Switch adaptation for `model`; takes effect (and is persisted) at the next tick."""
+        with self._lock:
+            self._pending_enable[model] = enabled
+            self._enabled[model] = enabled
+        self.metrics.enabled.labels(model).set(1 if enabled else 0)
+
+    def is_enabled(self, model: str) -> bool:
+        with self._lock:
+            return self._enabled.get(model, self.settings.enabled_by_default)
+
+    def decisions(self, model: str, last: int = 20) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._decisions.get(model, ()))[-last:]
+
+    def status(self, model: str) -> dict[str, Any]:
+        recent = self.decisions(model, last=self.settings.keep_decisions)
+        swaps = [d for d in recent if d["swap"]]
+        return {
+            "enabled": self.is_enabled(model),
+            "last_decision": recent[-1] if recent else None,
+            "last_swap_decision": swaps[-1] if swaps else None,
+            "recent_decisions": recent[-10:],
+        }
+
+    # -- the policy ------------------------------------------------------------------
+    def _profile(self, path: Path | None) -> Profile | None:
+        if path is None:
+            return None
+        from packrat.plan import load_profile
+
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return None
+        cached = self._profiles.get(path)
+        if cached is None or cached[0] != mtime:
+            # Re-read when the file changes: a re-profile through REST lands here.
+            self._profiles[path] = (mtime, load_profile(path))
+        return self._profiles[path][1]
+
+    @staticmethod
+    def candidates(profile: Profile, cores: int, batch: int) -> tuple[Plan, ...]:
+        """The optimiser's realisable plan first, then the other uniform plans."""
+        from packrat.plan import realizable_plan
+
+        out: list[Plan] = []
+        try:
+            out.append(realizable_plan(profile, cores, batch))
+        except PackratError:
+            pass  # no realisable plan at this B from this profile: alternatives only
+        for p in uniform_candidates(profile, cores, batch):
+            if not any(same_shape(p, q) for q in out):
+                out.append(p)
+        return tuple(out)
+
+    def __call__(self, ctx: Any, state: dict[str, Any]) -> tuple[Plan | None, dict[str, Any]]:
+        try:
+            return self._tick(ctx, state)
+        except Exception as exc:  # a bug here must not kill the controller's tick thread
+            log.exception("adapt tick failed for %s", getattr(ctx, "model", "?"))
+            self._emit(json.dumps({"model": getattr(ctx, "model", None), "error": repr(exc)}))
+            return None, state
+
+    def _tick(self, ctx: Any, state: dict[str, Any]) -> tuple[Plan | None, dict[str, Any]]:
+        model: str = ctx.model
+        est_state = estimator_state_from_json(state.get("estimator", {}))
+        pol_state = policy_state_from_json(state.get("policy", {}))
+        with self._lock:
+            enabled = self._pending_enable.pop(model, state.get("enabled", self.settings.enabled_by_default))
+            self._enabled[model] = enabled
+        self.metrics.enabled.labels(model).set(1 if enabled else 0)
+
+        # When did the active version come in? A version change since the last
+        # tick is a swap that landed (ours or a REST apply).
+        active_since = state.get("active_since_s")
+        if state.get("version") is not None and state.get("version") != ctx.version:
+            active_since = ctx.now
+            self.metrics.version_changes.labels(model).inc()
+
+        new_state: dict[str, Any] = dict(state, enabled=enabled, version=ctx.version,
+                                         active_since_s=active_since)
+        if ctx.observation is None:
+            # No metrics URL configured: nothing to estimate from.
+            return None, new_state
+
+        est, est_state = estimate(est_state, ctx.observation, self.settings.estimator)
+        new_state["estimator"] = estimator_state_to_json(est_state)
+        self._count_estimate(model, est)
+
+        profile = self._profile(ctx.profile_path)
+        current: Plan | None = ctx.plan
+        cands: tuple[Plan, ...] = ()
+        current_ms = None
+        if profile is not None:
+            cands = self.candidates(profile, ctx.cores, est.batch)
+            if current is not None:
+                current_ms = plan_latency_at(profile, current, est.batch)
+        if current is not None and current_ms is None and current.batch == est.batch:
+            current_ms = current.predicted_latency_ms
+
+        pctx = PolicyContext(
+            now_s=ctx.now, model=model, estimate=est, current=current,
+            current_latency_ms=current_ms, candidates=cands, enabled=enabled,
+            swap_in_progress=bool(getattr(ctx, "swap_in_progress", False)),
+            active_since_s=active_since, settings=self.settings.policy,
+        )
+        decision, pol_state = decide(pol_state, pctx)
+        new_state["policy"] = policy_state_to_json(pol_state)
+        self._report(decision)
+        return (decision.target if decision.swap else None), new_state
+
+    # -- reporting ---------------------------------------------------------------------
+    def _count_estimate(self, model: str, est: Estimate) -> None:
+        if est.reset:
+            self.metrics.resets.labels(model).inc()
+        if est.ready:
+            self.metrics.estimates.labels(model, str(est.batch)).inc()
+            self.metrics.batch.labels(model).set(est.batch)
+        if est.concurrency is not None:
+            self.metrics.concurrency.labels(model).set(est.concurrency)
+
+    def _report(self, d: Decision) -> None:
+        line = d.to_json()
+        self._emit(json.dumps(line, separators=(",", ":")))
+        with self._lock:
+            q = self._decisions.setdefault(d.model, collections.deque(maxlen=self.settings.keep_decisions))
+            q.append(line)
+        m = self.metrics
+        m.decisions.labels(d.model, d.reason).inc()
+        if d.swap:
+            m.swaps.labels(d.model).inc()
+        if d.active_batch is not None:
+            m.active_batch.labels(d.model).set(d.active_batch)
+        if d.corrected_gain is not None:
+            m.gain.labels(d.model).set(d.corrected_gain)
+        if d.latency_gap is not None:
+            m.gap.labels(d.model).set(d.latency_gap)
+
+
+def adapt_settings(
+    *,
+    tick_s: float = 1.0,
+    window_s: float | None = None,
+    gain_threshold: float | None = None,
+    min_dwell_s: float | None = None,
+    min_stable_s: float | None = None,
+) -> AdaptSettings:
+    """Settings with a few commonly changed knobs overridden (None keeps the default).
+
+    `tick_s` is only checked: the estimator's majority counts ticks, and its
+    defaults assume a tick of about a second.
+    """
+    if tick_s <= 0:
+        raise ValueError("tick_s must be positive")
+    est = EstimatorSettings()
+    pol = PolicySettings()
+    if window_s is not None:
+        est = replace(est, window_s=window_s)
+    if gain_threshold is not None:
+        pol = replace(pol, gain_threshold=gain_threshold)
+    if min_dwell_s is not None:
+        pol = replace(pol, min_dwell_s=min_dwell_s)
+    if min_stable_s is not None:
+        pol = replace(pol, min_stable_s=min_stable_s)
+    return AdaptSettings(estimator=est, policy=pol)
+
+
+def log_decisions_to(path: Path, max_bytes: int = 20_000_000, backups: int = 3) -> None:
+    """Send the decision lines (one JSON object each) to a rotating file.
+
+    One line per model per tick (a second) adds up, hence the rotation.
+    """
+    from logging.handlers import RotatingFileHandler
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for h in log.handlers:
+        if isinstance(h, RotatingFileHandler) and Path(h.baseFilename) == path.resolve():
+            return
+    handler = RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False  # the lines are data; keep them out of the console

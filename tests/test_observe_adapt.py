@@ -1,0 +1,107 @@
+"""The loop closed on a real TorchServe: a closed-loop load steps 1 -> 8 -> 2
+clients and the controller follows with the plan for each level.
+
+The model sleeps a table latency per batch (tests/data/observe/sleepmodel) and
+its profile is that table, so the expected plans are known and hold even on a
+machine busy with other work. Plans for 2 cores (packrat.plan.realizable_plan):
+    B=1: 1 worker  x (2 threads, cap 1)   45 ms
+    B=2: 2 workers x (1 thread,  cap 1)   60 ms
+    B=8: 2 workers x (1 thread,  cap 4)   96 ms
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from packrat.observe.loop import adapt_settings
+from packrat.observe.predict import same_shape
+from packrat.observe.rig import Rig, sleep_table, table_profile
+from packrat.observe.stepload import Step, StepLoad
+from packrat.plan import realizable_plan
+
+pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
+
+SLEEP_MODEL = Path(__file__).parent / "data" / "observe" / "sleepmodel"
+MODEL = "sleepy"
+# Long enough for: B read (~7-8 s) + held 5 s + a swap (~5-15 s), with margin.
+STEPS = [Step(1, 25.0), Step(8, 55.0), Step(2, 55.0)]
+CONVERGE_WITHIN_S = 45.0
+
+
+def shape(workers) -> list:
+    return sorted(tuple(w) for w in workers)
+
+
+def test_steps_converge_with_one_swap_each(tmp_path: Path) -> None:
+    profile = table_profile("sleepy", sleep_table(SLEEP_MODEL))
+    expected = {b: realizable_plan(profile, 2, b) for b in (1, 2, 8)}
+    # the table makes the three plans differ, so each step needs a swap
+    assert not same_shape(expected[1], expected[2]) and not same_shape(expected[2], expected[8])
+
+    rig = Rig(store=tmp_path / "store", workdir=tmp_path, model=MODEL, base_dir=SLEEP_MODEL,
+              profile=profile, settings=adapt_settings(min_dwell_s=20.0), rest=True)
+    with rig:
+        rig.apply(expected[1])  # start on the plan for one client
+        rig.start_loop()
+        server = rig.server
+        api, mgmt = rig.api_url, server.keys.management_headers()
+
+        # REST: switch the loop off and on again (the model keeps its plan meanwhile)
+        r = requests.put(f"{api}/v1/models/{MODEL}/adapt", json={"enabled": False}, headers=mgmt, timeout=10)
+        assert r.status_code == 200 and r.json()["enabled"] is False
+        time.sleep(2.5)
+        reasons = [d["reason"] for d in rig.loop.decisions(MODEL, last=2)]
+        assert reasons and reasons[-1] == "disabled"
+        r = requests.put(f"{api}/v1/models/{MODEL}/adapt", json={"enabled": True}, headers=mgmt, timeout=10)
+        assert r.json()["enabled"] is True
+        assert requests.put(f"{api}/v1/models/{MODEL}/adapt", json={"enabled": False},
+                            timeout=10).status_code == 401  # token required
+
+        load = StepLoad(f"{server.inference_url}/predictions/{MODEL}", STEPS,
+                        headers=server.inference_headers, clock=time.time).start()
+        records = load.join(timeout_s=sum(s.duration_s for s in STEPS) + 60)
+        decisions = [d for d in rig.decision_log if d.get("model") == MODEL and "reason" in d]
+        status = requests.get(f"{api}/v1/models/{MODEL}/status", headers=mgmt, timeout=30).json()
+        metrics = requests.get(f"{api}/metrics", timeout=10).text
+
+    # 1. no request failed across the run (swaps included)
+    bad = [r for r in records if not r.ok]
+    assert len(records) > 500 and not bad, bad[:5]
+
+    # 2. per step: at most one swap, and the plan for the level within the bound
+    changes = load.level_changes  # (time, clients), the last is the stop (0)
+    report = []
+    for (t0, level), (t1, _) in zip(changes, changes[1:]):
+        in_step = [d for d in decisions if t0 < d["time_s"] <= t1]
+        swaps = [d for d in in_step if d["swap"]]
+        assert len(swaps) <= 1, [(d["time_s"] - t0, d["estimated_batch"]) for d in swaps]
+        # converged: from some tick on, B reads `level` and the running plan is
+        # the best one for it ("same-plan") until the step ends
+        tail = 0
+        for d in reversed(in_step):
+            if d["estimated_batch"] == level and d["reason"] == "same-plan":
+                tail += 1
+            else:
+                break
+        assert tail >= 3, [(round(d["time_s"] - t0, 1), d["estimated_batch"], d["reason"]) for d in in_step]
+        converged_at = in_step[len(in_step) - tail]["time_s"] - t0
+        assert converged_at <= CONVERGE_WITHIN_S
+        running = in_step[-1]
+        report.append((level, round(converged_at, 1), len(swaps),
+                       swaps[0]["target"]["workers"] if swaps else None))
+        # the plan chosen is the optimiser's (the correction did not overrule it here)
+        if swaps:
+            assert shape(swaps[0]["target"]["workers"]) == shape(
+                [[i.threads, i.batch] for i in expected[level].instances]), running
+    print("adaptation per step (level, converged after s, swaps, plan):", report)
+
+    # 3. the decisions are visible in status and counted in /metrics
+    assert status["adapt"]["enabled"] is True and status["adapt"]["last_decision"]["model"] == MODEL
+    assert f'packrat_adapt_swaps_total{{model="{MODEL}"}} 2.0' in metrics
+    assert "packrat_batch_estimates_total" in metrics
+    json.dumps(status)  # plain JSON all the way
