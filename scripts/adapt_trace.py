@@ -1,0 +1,307 @@
+#!/usr/bin/env python
+"""Trace the re-plan loop through load steps: docs/adaptation.{png,md}.
+
+Runs a private TorchServe (token auth on) with the table-latency test model
+(tests/data/observe/sleepmodel: each batch sleeps L(threads, batch) ms, and
+its profile is that table), starts on the plan for one client, and drives a
+closed-loop load that steps 1 -> 8 -> 2 clients while the controller's
+AdaptiveLoop ticks every second. Everything measured is saved first
+(docs/adaptation-trace.json); the figure and the markdown are rendered from
+that file only (`--from-trace` re-renders without running anything).
+
+    python scripts/adapt_trace.py                  # run (~3 min) and render
+    python scripts/adapt_trace.py --from-trace     # render the saved trace again
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SLEEP_MODEL = ROOT / "tests" / "data" / "observe" / "sleepmodel"
+DOCS = ROOT / "docs"
+TRACE = DOCS / "adaptation-trace.json"
+PNG = DOCS / "adaptation.png"
+MD = DOCS / "adaptation.md"
+MODEL = "sleepy"
+
+
+def run(steps_spec: str, min_dwell_s: float) -> dict:
+    from packrat.observe.loop import adapt_settings
+    from packrat.observe.rig import Rig, sleep_table, table_profile
+    from packrat.observe.stepload import Step, StepLoad
+    from packrat.plan import realizable_plan
+
+    steps = [Step(int(c), float(d)) for c, d in (s.split(":") for s in steps_spec.split(","))]
+    profile = table_profile(MODEL, sleep_table(SLEEP_MODEL))
+    settings = adapt_settings(min_dwell_s=min_dwell_s)
+    with tempfile.TemporaryDirectory(prefix="packrat-adapt-trace-") as tmp:
+        rig = Rig(store=Path(tmp) / "store", workdir=Path(tmp), model=MODEL,
+                  base_dir=SLEEP_MODEL, profile=profile, settings=settings)
+        with rig:
+            rig.apply(realizable_plan(profile, 2, steps[0].clients or 1))
+            rig.start_loop(sample_every_s=0.5)
+            load = StepLoad(f"{rig.server.inference_url}/predictions/{MODEL}", steps,
+                            headers=rig.server.inference_headers, clock=time.time).start()
+            records = load.join(timeout_s=sum(s.duration_s for s in steps) + 120)
+            time.sleep(1.0)
+            swaps = rig.controller.history(MODEL, last=100)
+            decisions = [d for d in rig.decision_log if "reason" in d]
+            samples = [asdict(s) for s in rig.samples]
+    plans = {str(b): [[i.threads, i.batch] for i in realizable_plan(profile, 2, b).instances]
+             for b in sorted({s.clients for s in steps if s.clients})}
+    return {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "steps": [asdict(s) for s in steps],
+        "settings": {"estimator": asdict(settings.estimator), "policy": asdict(settings.policy),
+                     "tick_s": 1.0},
+        "profile_ms": {str(t): {str(b): ms for b, ms in row.items()}
+                       for t, row in sleep_table(SLEEP_MODEL).items()},
+        "optimiser_plans": plans,
+        "level_changes": load.level_changes,
+        "requests": [[round(r.start_s, 4), round(r.end_s, 4), r.status, r.level] for r in records],
+        "decisions": decisions,
+        "swaps": swaps,
+        "samples": samples,
+    }
+
+
+def analyse(tr: dict) -> list[dict]:
+    """Per load step: when B was read, when the swap was decided / took effect, latencies."""
+    out = []
+    changes = tr["level_changes"]
+    reqs = tr["requests"]
+    for (t0, level), (t1, _) in zip(changes, changes[1:]):
+        ds = [d for d in tr["decisions"] if t0 < d["time_s"] <= t1]
+        read = next((d["time_s"] - t0 for d in ds if d["estimate"]["ready"]
+                     and d["estimated_batch"] == level), None)
+        swap = next((d for d in ds if d["swap"]), None)
+        landed = None
+        if swap is not None:
+            rec = next((s for s in tr["swaps"] if s["started_at"] >= swap["time_s"] - 1.0), None)
+            if rec is not None and rec.get("outcome") == "applied":
+                ph = rec["phases_s"]
+                landed = rec["started_at"] + sum(ph.get(k, 0.0) for k in
+                                                  ("create", "register", "ready", "set_default")) - t0
+        conv = None
+        tail = 0
+        for d in reversed(ds):
+            if d["estimated_batch"] == level and d["reason"] == "same-plan":
+                tail += 1
+            else:
+                break
+        if tail:
+            conv = ds[len(ds) - tail]["time_s"] - t0
+        lat = lambda a, b: [1000 * (e - s) for s, e, st, _ in reqs if a <= s < b and st == 200]  # noqa: E731
+        before = lat(t0, t0 + (landed if landed is not None else (t1 - t0) / 2))
+        after = lat(t0 + landed, t1) if landed is not None else []
+        out.append({
+            "clients": level, "duration_s": round(t1 - t0, 1),
+            "b_read_after_s": None if read is None else round(read, 1),
+            "swap_decided_after_s": None if swap is None else round(swap["time_s"] - t0, 1),
+            "swap_to": None if swap is None else swap["target"]["workers"],
+            "swap_landed_after_s": None if landed is None else round(landed, 1),
+            "swap_duration_s": (None if swap is None else next(
+                (round(s["duration_s"], 1) for s in tr["swaps"]
+                 if s["started_at"] >= swap["time_s"] - 1.0), None)),
+            "converged_after_s": None if conv is None else round(conv, 1),
+            "swaps": sum(1 for d in ds if d["swap"]),
+            "p50_before_ms": round(statistics.median(before), 1) if before else None,
+            "p50_after_ms": round(statistics.median(after), 1) if after else None,
+            "requests": len([r for r in reqs if t0 <= r[0] < t1]),
+            "failed": len([r for r in reqs if t0 <= r[0] < t1 and r[2] != 200]),
+        })
+    return out
+
+
+def plot(tr: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = tr["level_changes"][0][0]
+    fig, (a1, a2, a3) = plt.subplots(3, 1, figsize=(10, 8), sharex=True,
+                                     gridspec_kw={"height_ratios": [2, 1.2, 2]})
+    # clients (what the load generator does) vs what the loop estimated
+    lc = tr["level_changes"]
+    a1.step([t - t0 for t, _ in lc], [c for _, c in lc], where="post", color="0.6", lw=3,
+            label="clients (closed loop)")
+    ds = tr["decisions"]
+    a1.plot([d["time_s"] - t0 for d in ds], [d["estimate"]["concurrency"] for d in ds],
+            ".", ms=3, color="tab:blue", alpha=0.6, label="Little's-law concurrency (5 s window)")
+    ready = [d for d in ds if d["estimate"]["ready"]]
+    a1.step([d["time_s"] - t0 for d in ready], [d["estimated_batch"] for d in ready], where="post",
+            color="tab:red", label="estimated B (EWMA, pow2, majority)")
+    a1.set_ylabel("requests in flight")
+    a1.set_yscale("log", base=2)
+    a1.set_yticks([1, 2, 4, 8])
+    a1.set_yticklabels(["1", "2", "4", "8"])
+    a1.legend(loc="upper right", fontsize=8)
+
+    # the active plan: the B it was made for, labelled with its workers
+    act = [d for d in ds if d["active_batch"] is not None]
+    a2.step([d["time_s"] - t0 for d in act], [d["active_batch"] for d in act], where="post",
+            color="tab:green")
+    for d in ds:
+        if d["swap"]:
+            x = d["time_s"] - t0
+            a2.axvline(x, color="tab:orange", ls="--", lw=1)
+            a2.annotate("swap to " + " + ".join(f"{t}t/b{b}" for t, b in d["target"]["workers"]),
+                        (x, d["target"]["batch"]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+    for s in tr["swaps"]:
+        ph = s["phases_s"]
+        x = s["started_at"] + sum(ph.get(k, 0.0) for k in ("create", "register", "ready", "set_default")) - t0
+        if x > 0:
+            a2.axvline(x, color="tab:green", ls=":", lw=1)
+    a2.set_ylabel("active plan\nmade for B")
+    a2.set_yscale("log", base=2)
+    a2.set_yticks([1, 2, 4, 8])
+    a2.set_yticklabels(["1", "2", "4", "8"])
+    a2.set_ylim(0.7, 16)
+
+    reqs = tr["requests"]
+    ok = [(s - t0, 1000 * (e - s)) for s, e, st, _ in reqs if st == 200]
+    bad = [(s - t0, 1000 * (e - s)) for s, e, st, _ in reqs if st != 200]
+    a3.plot([x for x, _ in ok], [y for _, y in ok], ".", ms=2, color="tab:blue", alpha=0.4,
+            label="client latency per request")
+    if bad:
+        a3.plot([x for x, _ in bad], [y for _, y in bad], "x", color="red", label="failed")
+    # rolling median over 2 s
+    if ok:
+        xs = sorted(ok)
+        med_x, med_y = [], []
+        j0 = 0
+        for i, (x, _) in enumerate(xs):
+            while xs[j0][0] < x - 2.0:
+                j0 += 1
+            if i % 5 == 0:
+                med_x.append(x)
+                med_y.append(statistics.median(y for _, y in xs[j0:i + 1]))
+        a3.plot(med_x, med_y, color="black", lw=1.2, label="median (2 s)")
+    a3.set_yscale("log")
+    a3.set_ylabel("latency [ms, log]")
+    a3.set_xlabel("time since the load started [s]")
+    a3.legend(loc="upper right", fontsize=8)
+    fig.suptitle("Packrat re-plan loop through load steps (table-latency model, 2 cores, tick 1 s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def render_md(tr: dict, rows: list[dict]) -> str:
+    est, pol = tr["settings"]["estimator"], tr["settings"]["policy"]
+    lines = [
+        "# Adaptation: the re-plan loop through load steps",
+        "",
+        f"Generated by `scripts/adapt_trace.py` on {tr['created']} (trace data: "
+        "`docs/adaptation-trace.json`; the figure and this page are rendered from it only).",
+        "",
+        "![adaptation trace](adaptation.png)",
+        "",
+        "## Setup",
+        "",
+        "- A private TorchServe 0.12 (token auth on, loopback) on this 2-core machine, "
+        "shared with other work while the trace ran.",
+        "- Model: `tests/data/observe/sleepmodel`, whose handler claims and pins its Packrat slot "
+        "and then *sleeps* L(threads, batch) ms per batch; its profile is that same table, so the "
+        "plans the loop should reach are known exactly and a busy machine does not bend them. "
+        "What the trace shows is the loop (estimate, decision, swap), not model speed-ups.",
+        "",
+        "  | threads | " + " | ".join(f"b={b}" for b in tr["profile_ms"]["1"]) + " |",
+        "  |---|" + "---|" * len(tr["profile_ms"]["1"]),
+    ]
+    for t, row in tr["profile_ms"].items():
+        lines.append(f"  | {t} | " + " | ".join(f"{ms:g}" for ms in row.values()) + " |")
+    lines += [
+        "",
+        "- Optimiser's plans (realisable, 2 cores): " + "; ".join(
+            f"B={b}: " + " + ".join(f"{t}t/b{c}" for t, c in w) for b, w in tr["optimiser_plans"].items()),
+        "- Load: closed loop, " + " → ".join(
+            f"{s['clients']} client{'s' if s['clients'] != 1 else ''} for {s['duration_s']:g} s" for s in tr["steps"]) + ".",
+        f"- Loop settings: tick {tr['settings']['tick_s']:g} s; Little's-law window "
+        f"{est['window_s']:g} s, EWMA α {est['alpha']:g}, majority of {est['mode_k']} ticks; "
+        f"estimate must hold {pol['min_stable_s']:g} s; gain threshold "
+        f"{100 * pol['gain_threshold']:g} %; dwell {pol['min_dwell_s']:g} s after a swap "
+        "(default 60 s; shortened so the trace stays short).",
+        "",
+        "## How long adaptation took",
+        "",
+        "Times are seconds after the load generator changed its number of clients.",
+        "",
+        "| clients | B read | swap decided | new plan serving | swap took | converged | swaps | "
+        "p50 before [ms] | p50 after [ms] | requests | failed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    f = lambda x: "–" if x is None else f"{x:g}"  # noqa: E731
+    for r in rows:
+        lines.append(
+            f"| {r['clients']} | {f(r['b_read_after_s'])} | {f(r['swap_decided_after_s'])} | "
+            f"{f(r['swap_landed_after_s'])} | {f(r['swap_duration_s'])} | {f(r['converged_after_s'])} | "
+            f"{r['swaps']} | {f(r['p50_before_ms'])} | {f(r['p50_after_ms'])} | {r['requests']} | "
+            f"{r['failed']} |")
+    lines += [
+        "",
+        "- *B read*: first tick whose estimate equals the new number of clients. It lags the step "
+        "by the window (the Little's-law value ramps over 5 s) plus the EWMA and the majority "
+        "vote. During the ramp the majority rule usually holds the old value, but an "
+        "intermediate power of two can win a majority for a few ticks (here 4 on the way from "
+        "8 down to 2); it costs no swap because:",
+        "- *swap decided*: B must then hold for `min_stable_s` (5 s), so a passing value, or a "
+        "burst shorter than the window, does not cost a swap (tests/data/observe/spike.jsonl).",
+        "- *new plan serving*: `set-default` of the new version returned (register, workers "
+        "READY and pinned, then set-default); *swap took* includes draining and unregistering "
+        "the old version.",
+        "- *converged*: from here to the end of the step B read the level and the running plan "
+        "was the best for it (decision reason `same-plan`).",
+        "- p50 before/after: client latency of requests sent before / after the new plan "
+        "started serving in that step.",
+        "",
+        "Where the time goes: ≈ 7–8 s to read a new B (window + EWMA + majority), 5 s hold, "
+        "then the swap itself (worker start-up with torch import on a busy 2-core machine). "
+        "The controller applies a swap inside its tick, so no decisions are logged while a swap "
+        "runs (the gaps in the concurrency dots); none could be taken then anyway.",
+        "",
+        "Latency during a swap: the median rises while the new version's workers start (they "
+        "share the two cores with the serving ones). The single ~13 s request at the first "
+        "swap is not the loop's doing: it was sent just before the register call and finished "
+        "the moment that call returned. TorchServe 0.12 answers `register ... synchronous=true` "
+        "by blocking on the workers' start-up inside a Netty event-loop thread "
+        "(ApiUtils.updateModelWorkers: `statusResponseCompletableFuture.get()`), and the "
+        "inference and management servers share that event-loop group (ModelServer: "
+        "`serverGroups.getChildGroup()` for both), so a client connection bound to the same "
+        "thread stalls for the whole registration. Registering with `synchronous=false` and "
+        "polling describe until the workers are READY would avoid it (apply stage).",
+        "",
+        "The integration test `tests/test_observe_adapt.py` runs the same 1 → 8 → 2 steps and "
+        "asserts at most one swap per step, convergence within 45 s and no failed request.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", default="1:30,8:60,2:60", help="clients:seconds,...")
+    ap.add_argument("--min-dwell", type=float, default=20.0)
+    ap.add_argument("--from-trace", action="store_true", help="render docs from the saved trace only")
+    args = ap.parse_args()
+    if not args.from_trace:
+        tr = run(args.steps, args.min_dwell)
+        TRACE.write_text(json.dumps(tr, separators=(",", ":")) + "\n")
+    tr = json.loads(TRACE.read_text())
+    rows = analyse(tr)
+    plot(tr, PNG)
+    MD.write_text(render_md(tr, rows))
+    for r in rows:
+        print(r)
+
+
+if __name__ == "__main__":
+    main()
