@@ -34,8 +34,8 @@ MODEL = "sleepy"
 
 def run(steps_spec: str, min_dwell_s: float) -> dict:
     from packrat.observe.loop import adapt_settings
-    from packrat.observe.rig import Rig, sleep_table, table_profile
-    from packrat.observe.stepload import Step, StepLoad
+    from packrat.bench.adapt_rig import Rig, sleep_table, table_profile
+    from packrat.bench.stepload import Step, StepLoad
     from packrat.plan import realizable_plan
 
     steps = [Step(int(c), float(d)) for c, d in (s.split(":") for s in steps_spec.split(","))]

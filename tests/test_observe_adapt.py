@@ -20,8 +20,8 @@ import requests
 
 from packrat.observe.loop import adapt_settings
 from packrat.observe.predict import same_shape
-from packrat.observe.rig import Rig, sleep_table, table_profile
-from packrat.observe.stepload import Step, StepLoad
+from packrat.bench.adapt_rig import Rig, sleep_table, table_profile
+from packrat.bench.stepload import Step, StepLoad
 from packrat.plan import realizable_plan
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]

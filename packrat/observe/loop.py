@@ -144,7 +144,12 @@ class AdaptiveLoop:
         cached = self._profiles.get(path)
         if cached is None or cached[0] != mtime:
             # Re-read when the file changes: a re-profile through REST lands here.
-            self._profiles[path] = (mtime, load_profile(path))
+            try:
+                self._profiles[path] = (mtime, load_profile(path))
+            except PackratError as exc:
+                # Unreadable profile: keep estimating, plan nothing ("no-plan").
+                log.warning("profile %s unusable: %s", path, exc)
+                self._profiles[path] = (mtime, None)  # type: ignore[assignment]
         return self._profiles[path][1]
 
     @staticmethod

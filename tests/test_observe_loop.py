@@ -1,0 +1,157 @@
+"""AdaptiveLoop as the controller's policy, driven tick by tick without a server:
+TickContexts as packrat.control builds them, a profile file on disk."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from packrat.control import TickContext
+from packrat.observe.loop import AdaptiveLoop, adapt_settings
+from packrat.observe.predict import same_shape
+from packrat.bench.adapt_rig import sleep_table, table_profile
+from packrat.plan import realizable_plan
+from packrat.profile.store import save_profile
+from packrat.types import Observation
+
+SLEEP_MODEL = Path(__file__).parent / "data" / "observe" / "sleepmodel"
+PROFILE = table_profile("sleepy", sleep_table(SLEEP_MODEL))
+PLAN1 = realizable_plan(PROFILE, 2, 1)  # 1 × (2 threads, cap 1)
+PLAN8 = realizable_plan(PROFILE, 2, 8)  # 2 × (1 thread, cap 4)
+
+
+class Driver:
+    """Ticks one model at 1 s; `concurrency` requests of 100 ms in flight."""
+
+    def __init__(self, tmp: Path, loop: AdaptiveLoop, plan=PLAN1, version="p1") -> None:
+        self.profile_path = tmp / "sleepy.json"
+        save_profile(PROFILE, self.profile_path)
+        self.loop, self.plan, self.version = loop, plan, version
+        self.t, self.req, self.lat = 1000.0, 0.0, 0.0
+        self.state: dict = {}
+        self.lines: list[str] = []
+
+    def ctx(self, **kw) -> TickContext:
+        obs = Observation(self.t, "sleepy", self.req, self.lat, 0.0)
+        base = dict(now=self.t, model="sleepy", version=self.version, plan=self.plan,
+                    observation=obs, cores=2, profile_path=self.profile_path)
+        base.update(kw)
+        return TickContext(**base)
+
+    def tick(self, concurrency: float, **kw):
+        self.t += 1.0
+        self.req += 10 * concurrency
+        self.lat += concurrency * 1e6
+        plan, self.state = self.loop(self.ctx(**kw), self.state)
+        json.dumps(self.state)  # the controller persists it as JSON
+        return plan
+
+
+def new_loop(lines: list[str] | None = None, **kw) -> AdaptiveLoop:
+    sink = lines if lines is not None else []
+    return AdaptiveLoop(adapt_settings(**kw), emit=sink.append)
+
+
+def test_steps_to_the_plan_for_the_new_batch(tmp_path: Path) -> None:
+    lines: list[str] = []
+    d = Driver(tmp_path, new_loop(lines))
+    plans = [d.tick(1) for _ in range(10)]
+    assert plans == [None] * 10  # B = 1 and PLAN1 is the plan for 1: "same-plan"
+    plans = [d.tick(8) for _ in range(20)]
+    swaps = [(i, p) for i, p in enumerate(plans) if p is not None]
+    # B reads 8 at the 7th tick after the step (see the estimator test), then must hold 5 s:
+    # the swap is ordered at tick index 6 + 5 = 11, once
+    assert [i for i, _ in swaps] == [11]
+    assert same_shape(swaps[0][1], PLAN8) and swaps[0][1].batch == 8
+    # one JSON line per tick, the swap among them
+    decisions = [json.loads(x) for x in lines]
+    assert len(decisions) == 30
+    assert [x["reason"] for x in decisions if x["swap"]] == ["gain"]
+    # plan for 1 at B=8: 8 rounds of 45 ms = 360; plan for 8: 96 -> gain 360/96 - 1 = 2.75
+    swap = next(x for x in decisions if x["swap"])
+    assert swap["current_ms"] == 360.0 and swap["candidate_ms"] == 96.0
+    assert swap["predicted_gain"] == pytest.approx(2.75)
+
+
+def test_state_resumes_in_a_new_loop(tmp_path: Path) -> None:
+    a = Driver(tmp_path, new_loop())
+    for _ in range(10):
+        a.tick(1)
+    for _ in range(5):
+        a.tick(8)
+    # a restarted controller: new loop object, state read back from JSON
+    b = Driver(tmp_path, new_loop())
+    b.t, b.req, b.lat, b.state = a.t, a.req, a.lat, json.loads(json.dumps(a.state))
+    got_a = [a.tick(8) for _ in range(10)]
+    got_b = [b.tick(8) for _ in range(10)]
+    assert [p is not None for p in got_a] == [p is not None for p in got_b]
+    assert sum(p is not None for p in got_b) == 1
+
+
+def test_disable_is_persisted_and_blocks_swaps(tmp_path: Path) -> None:
+    lines: list[str] = []
+    loop = new_loop(lines)
+    d = Driver(tmp_path, loop)
+    loop.set_enabled("sleepy", False)
+    plans = [d.tick(8) for _ in range(25)]
+    assert plans == [None] * 25
+    assert json.loads(lines[-1])["reason"] == "disabled" and d.state["enabled"] is False
+    # a new loop from the persisted state stays disabled
+    d2 = Driver(tmp_path, new_loop())
+    d2.t, d2.req, d2.lat, d2.state = d.t, d.req, d.lat, d.state
+    assert d2.tick(8) is None and d2.loop.status("sleepy")["last_decision"]["reason"] == "disabled"
+    assert d2.loop.is_enabled("sleepy") is False
+    d2.loop.set_enabled("sleepy", True)
+    assert d2.tick(8) is not None  # B = 8 held long ago, no dwell: swaps at once
+
+
+def test_swap_in_progress_and_version_change(tmp_path: Path) -> None:
+    loop = new_loop()
+    d = Driver(tmp_path, loop)
+    for _ in range(20):
+        d.tick(8, swap_in_progress=True)
+    assert loop.decisions("sleepy", 1)[0]["reason"] == "swap-in-progress"
+    # the controller swapped (e.g. over REST): the loop notices the new version
+    d.version, d.plan = "p2", PLAN8
+    d.tick(8)
+    assert d.state["active_since_s"] == d.t
+    text = generate_latest(loop.registry).decode()
+    assert 'packrat_adapt_version_changes_total{model="sleepy"} 1.0' in text
+    assert 'packrat_adapt_decisions_total{model="sleepy",reason="swap-in-progress"} 20.0' in text
+    assert 'packrat_estimated_batch{model="sleepy"} 8.0' in text
+    assert 'packrat_batch_estimates_total{batch="8",model="sleepy"}' in text
+
+
+def test_no_metrics_and_no_profile(tmp_path: Path) -> None:
+    loop = new_loop()
+    d = Driver(tmp_path, loop)
+    plan, state = loop(replace(d.ctx(), observation=None), {})
+    assert plan is None and "estimator" not in state
+    # no profile: no candidates, so never a swap
+    for _ in range(15):
+        assert d.tick(8, profile_path=None) is None
+    assert loop.decisions("sleepy", 1)[0]["reason"] == "no-plan"
+
+
+def test_unusable_profile_means_no_plan(tmp_path: Path) -> None:
+    loop = new_loop()
+    d = Driver(tmp_path, loop)
+    (tmp_path / "garbage.json").write_text("{not json")
+    for _ in range(15):
+        assert d.tick(8, profile_path=tmp_path / "garbage.json") is None
+    last = loop.decisions("sleepy", 1)[0]
+    assert last["reason"] == "no-plan" and last["estimated_batch"] == 8  # still estimating
+
+
+def test_a_bug_does_not_kill_the_tick(tmp_path: Path) -> None:
+    lines: list[str] = []
+    loop = new_loop(lines)
+    d = Driver(tmp_path, loop)
+    bad = replace(d.ctx(), now=None)  # not a time: the estimator fails
+    plan, state = loop(bad, {"keep": 1})
+    assert plan is None and state == {"keep": 1}
+    assert "error" in json.loads(lines[-1])
