@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from packrat_tasks.base import Batch, RequestError, Task, get_field, parse_json_or_text
+from packrat_tasks.runtime import build_generation
 
 SAMPLE_PROMPT = (
     "The engineers measured the latency of every server in the rack and wrote down "
@@ -33,8 +34,6 @@ class TextGenerationTask(Task):
         import transformers
 
         section = config.get("packrat") or {}
-        if str(section.get("runtime", "eager")) != "eager":
-            raise ValueError("text-generation supports packrat.runtime: eager only")
         path = os.path.join(model_dir, section.get("model_dir", "model"))
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "left"
@@ -45,6 +44,8 @@ class TextGenerationTask(Task):
         self.cap = int(section.get("max_new_tokens_cap", 32))
         self.default_new = min(int(section.get("default_max_new_tokens", 16)), self.cap)
         self.positions = int(getattr(self.model.config, "n_positions", 1024))
+        # packrat.precision (eager only): sets self.model/self.autocast, warms up, guards.
+        self.runner = build_generation(self, config)
 
     def parse(self, request: dict) -> tuple[list[int], int]:
         obj = parse_json_or_text(request)
@@ -79,7 +80,7 @@ class TextGenerationTask(Task):
                         "max_new_tokens": max(batch.items[i][1] for i in batch.valid)}
 
     def forward(self, batch: Batch) -> Batch:
-        with torch.inference_mode():
+        with torch.inference_mode(), self.autocast():
             out = self.model.generate(
                 input_ids=batch.inputs["input_ids"],
                 attention_mask=batch.inputs["attention_mask"],

@@ -21,7 +21,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from packrat_tasks.base import Batch, RequestError, Task, get_field, reject_form, request_value
-from packrat_tasks.runtime import make_runner
+from packrat_tasks.runtime import build_runner
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
@@ -78,7 +78,7 @@ class ImageClassificationTask(Task):
         self.max_bytes = int(section.get("max_image_bytes", 10 * 1024 * 1024))
         self.max_pixels = int(section.get("max_image_pixels", 25_000_000))
         example = (torch.zeros(2, 3, CROP, CROP),)
-        self.runner = make_runner(_Logits(self.model), example, config)
+        self.runner = build_runner(self, _Logits(self.model), example, config, "classification")
 
     def _image_bytes(self, request: dict) -> tuple[bytes, int]:
         reject_form(request)

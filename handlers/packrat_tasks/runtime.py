@@ -1,23 +1,52 @@
-"""The one seam between a model and how it runs: (module, config) -> callable.
+"""The one seam between a model and how it runs: (module, config) -> Runner.
 
 Tasks wrap their HF model in a small nn.Module that takes positional tensors
-and returns one tensor, then ask make_runner() for a callable with the same
-signature. New backends (bf16, int8, onnxruntime, openvino, ...) add one
-function to RUNTIMES; nothing else changes.
+and returns one tensor, then call build_runner() (or make_runner()) for a
+callable with the same signature. The execution *mode* is
+`<packrat.precision>-<packrat.runtime>` from model_config.yaml:
 
-    eager        the module itself under torch.inference_mode()
-    torchscript  "graph mode": torch.jit.trace on example inputs, then
-                 torch.jit.freeze (weights folded into the graph) and
-                 torch.jit.optimize_for_inference (conv/bn folding, oneDNN
-                 layouts); tasks pad inputs to fixed shapes for it.
+    precision  fp32 | bf16 | int8            (see precision.py)
+    runtime    eager        the module under torch.inference_mode()
+               torchscript  torch.jit.trace -> freeze -> optimize_for_inference
+               inductor     torch.compile with inductor freezing, batch dim dynamic
+               onnxruntime  legacy ONNX export, ONNX Runtime CPU session
+               openvino     the same ONNX graph compiled by OpenVINO's CPU plugin
+               ipex         intel-extension-for-pytorch's optimize + TorchScript
+                            (optional extra; importable only beside torch 2.8)
+
+Every runtime honours the thread count of the worker's slot: claim_and_pin()
+has already pinned the process and set torch's intra-op threads, and the
+foreign runtimes get the same number (ONNX Runtime intra-op = slot threads,
+inter-op 1; OpenVINO INFERENCE_NUM_THREADS = slot threads, pinning on, one
+stream, latency hint, inference precision set explicitly — OpenVINO's CPU
+default is bf16 on CPUs that have it). Convolution models run channels-last
+(oneDNN's preferred layout).
+
+build_runner() is what a task calls in initialize(): fixed guard inputs go
+through fp32 eager first (the reference), then the mode is built and warmed
+up (so the first request is not slow: compile time is paid before READY),
+then the accuracy guard compares the two (guard.py) and refuses the mode
+with the numbers if they disagree. Build time and memory are recorded on
+the Runner and logged.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import tempfile
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+from packrat_tasks.precision import PRECISIONS, PrecisionError, precision_name, prepare_torch
+
+log = logging.getLogger(__name__)
+
 RUNTIMES: dict[str, Callable[..., Callable[..., Any]]] = {}
+# Runtimes that accept any input shape: text is not padded to max_length for them.
+DYNAMIC_SHAPES = {"eager", "onnxruntime", "openvino"}
 
 
 def runtime(name: str):
@@ -32,17 +61,83 @@ def runtime_name(config: dict[str, Any]) -> str:
     return str((config.get("packrat") or {}).get("runtime", "eager")).lower()
 
 
-def make_runner(module, example_inputs: tuple, config: dict[str, Any]) -> Callable[..., Any]:
-    """A callable(*tensors) -> tensor running `module` with the runtime the config names."""
+def mode_name(config: dict[str, Any]) -> str:
+    """"<precision>-<runtime>", the same string as the profile fingerprint's mode."""
+    return f"{precision_name(config)}-{runtime_name(config)}"
+
+
+def needs_fixed_shapes(config: dict[str, Any]) -> bool:
+    """True when the runtime runs a graph specialised to the example's shapes (text: pad)."""
+    return runtime_name(config) not in DYNAMIC_SHAPES
+
+
+@dataclass
+class Runner:
+    """A model path ready to serve: call it like the module."""
+
+    fn: Callable[..., Any]
+    mode: str
+    threads: int
+    build_s: float = 0.0  # conversion/compilation + warm-up, seconds
+    rss_mb: float = 0.0  # resident memory after building the mode
+    rss_delta_mb: float = 0.0  # what building the mode added (graphs, converted weights)
+    peak_rss_mb: float = 0.0  # the process's high-water mark so far (export/compile peaks)
+    guard: dict[str, Any] | None = None  # GuardReport.as_dict(); None for fp32-eager
+    info: dict[str, Any] = field(default_factory=dict)  # runtime details (e.g. OpenVINO properties)
+
+    def __call__(self, *tensors):
+        return self.fn(*tensors)
+
+    def summary(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in ("mode", "threads", "build_s", "rss_mb", "rss_delta_mb",
+                                             "peak_rss_mb")}
+        out["guard"] = None if self.guard is None else {
+            "ok": self.guard["ok"], "message": self.guard["message"], "metrics": self.guard["metrics"]}
+        out.update(self.info)
+        return out
+
+
+def memory_mb() -> tuple[float, float]:
+    """(current RSS, peak RSS) of this process in MiB, from /proc/self/status."""
+    rss = peak = 0.0
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) / 1024
+                elif line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return rss, peak
+
+
+def make_runner(module, example_inputs: tuple, config: dict[str, Any]) -> Runner:
+    """A warmed-up Runner for `module` in the configured mode (no accuracy guard)."""
+    import torch
+
     name = runtime_name(config)
+    precision = precision_name(config)
     if name not in RUNTIMES:
         raise ValueError(f"unknown packrat.runtime {name!r}; known: {sorted(RUNTIMES)}")
     module.eval()
-    return RUNTIMES[name](module, example_inputs, config)
+    rss0, _ = memory_mb()
+    t0 = time.perf_counter()
+    runner = Runner(fn=None, mode=f"{precision}-{name}", threads=torch.get_num_threads())
+    runner.fn = RUNTIMES[name](module, example_inputs, config, precision, runner)
+    # Warm-up before READY: compiles (inductor), specialises (TorchScript's
+    # profiling executor needs two runs) and allocates (all runtimes).
+    for _ in range(2):
+        runner.fn(*example_inputs)
+    runner.build_s = round(time.perf_counter() - t0, 3)
+    rss, peak = memory_mb()
+    runner.rss_mb, runner.peak_rss_mb = round(rss, 1), round(peak, 1)
+    runner.rss_delta_mb = round(rss - rss0, 1)
+    return runner
 
 
-@runtime("eager")
-def _eager(module, example_inputs: tuple, config: dict[str, Any]) -> Callable[..., Any]:
+def eager_reference(module) -> Callable[..., Any]:
+    """fp32 eager: what every mode is compared with."""
     import torch
 
     def run(*tensors):
@@ -52,20 +147,303 @@ def _eager(module, example_inputs: tuple, config: dict[str, Any]) -> Callable[..
     return run
 
 
-@runtime("torchscript")
-def _torchscript(module, example_inputs: tuple, config: dict[str, Any]) -> Callable[..., Any]:
+def build_runner(task, module, example_inputs: tuple, config: dict[str, Any], kind: str) -> Runner:
+    """make_runner() plus the accuracy guard; sets and returns task.runner.
+
+    `kind` is "classification" or "embedding". The guard's inputs go through
+    the task's own preprocess/forward, so padding and masks are those served.
+    Raises guard.AccuracyGuardError (with the numbers) when the mode disagrees.
+    """
+    from packrat_tasks import guard
+
+    mode = mode_name(config)
+    batch = None
+    th = guard.thresholds(config)
+    if mode != "fp32-eager":
+        # Reference first: some modes change the module in place (channels-last).
+        batch = task.preprocess(guard.guard_requests(task, th))
+        task.runner = eager_reference(module)
+        reference = task.forward(batch).outputs.detach().clone()
+    task.runner = runner = make_runner(module, example_inputs, config)
+    if batch is not None:
+        candidate = task.forward(batch).outputs
+        compare = guard.compare_classification if kind == "classification" else guard.compare_embedding
+        report = compare(mode, reference, candidate, th)
+        runner.guard = report.as_dict()
+        log.info("%s", report.message)
+        guard.enforce(report)
+    log.info("packrat mode %s ready: %s", mode, runner.summary())
+    return runner
+
+
+def build_generation(task, config: dict[str, Any]) -> Runner:
+    """Precision for text-generation (greedy decoding runs eager): sets task.model and
+    task.autocast, warms up, and guards the first greedy tokens against fp32.
+
+    The task's forward() must run `task.model.generate` inside `task.autocast()`.
+    """
+    import contextlib
+
     import torch
 
-    with torch.no_grad():
-        traced = torch.jit.trace(module, example_inputs, check_trace=False)
-        frozen = torch.jit.freeze(traced.eval())
-        frozen = torch.jit.optimize_for_inference(frozen)
-        # Two warm-up calls: the profiling executor specialises on the first runs.
-        for _ in range(2):
-            frozen(*example_inputs)
+    from packrat_tasks import guard
+
+    if runtime_name(config) != "eager":
+        raise ValueError("text-generation supports packrat.runtime: eager only "
+                         "(the decoding loop is not traced or exported)")
+    mode = mode_name(config)
+    th = guard.thresholds(config)
+    fp32_model = task.model
+    task.autocast = contextlib.nullcontext
+    batch = task.preprocess(guard.guard_requests(task, th))
+    reference = None
+    if mode != "fp32-eager":
+        reference = task.forward(batch).outputs.tolist()
+    rss0, _ = memory_mb()
+    t0 = time.perf_counter()
+    task.model, task.autocast = prepare_torch(fp32_model, precision_name(config))
+    task.model.eval()
+    candidate = task.forward(batch).outputs.tolist()  # also the warm-up
+    task.forward(batch)
+    rss, peak = memory_mb()
+    runner = Runner(fn=task.model.generate, mode=mode, threads=torch.get_num_threads(),
+                    build_s=round(time.perf_counter() - t0, 3), rss_mb=round(rss, 1),
+                    rss_delta_mb=round(rss - rss0, 1), peak_rss_mb=round(peak, 1))
+    if reference is not None:
+        report = guard.compare_generation(mode, reference, candidate, th)
+        runner.guard = report.as_dict()
+        log.info("%s", report.message)
+        guard.enforce(report)
+    log.info("packrat mode %s ready: %s", mode, runner.summary())
+    return runner
+
+
+# -- torch runtimes ---------------------------------------------------------
+
+def _channels_last(module, example_inputs: tuple) -> bool:
+    """Convolution models (4-D image input) run NHWC: oneDNN's fast layout."""
+    import torch
+
+    if any(getattr(t, "dim", lambda: 0)() == 4 for t in example_inputs):
+        module.to(memory_format=torch.channels_last)
+        return True
+    return False
+
+
+def _nhwc(tensors: tuple, on: bool) -> tuple:
+    import torch
+
+    if not on:
+        return tensors
+    return tuple(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in tensors)
+
+
+@runtime("eager")
+def _eager(module, example_inputs, config, precision, runner) -> Callable[..., Any]:
+    import torch
+
+    module, ctx = prepare_torch(module, precision)
+    nhwc = _channels_last(module, example_inputs)
+    runner.info["channels_last"] = nhwc
 
     def run(*tensors):
-        with torch.no_grad():
-            return frozen(*tensors)
+        with torch.inference_mode(), ctx():
+            return module(*_nhwc(tensors, nhwc)).float()
 
     return run
+
+
+@runtime("torchscript")
+def _torchscript(module, example_inputs, config, precision, runner) -> Callable[..., Any]:
+    import torch
+
+    module, ctx = prepare_torch(module, precision)
+    nhwc = _channels_last(module, example_inputs)
+    runner.info["channels_last"] = nhwc
+    example = _nhwc(example_inputs, nhwc)
+    # Traced and frozen under the same autocast the calls run in, so the graph
+    # records the bf16 casts and freezing folds them into bf16 weights.
+    with torch.no_grad(), ctx():
+        traced = torch.jit.trace(module, example, check_trace=False)
+        frozen = torch.jit.freeze(traced.eval())
+        if precision != "int8":  # its passes do not know quantised linear packs
+            frozen = torch.jit.optimize_for_inference(frozen)
+
+    def run(*tensors):
+        with torch.no_grad(), ctx():
+            return frozen(*_nhwc(tensors, nhwc)).float()
+
+    return run
+
+
+@runtime("inductor")
+def _inductor(module, example_inputs, config, precision, runner) -> Callable[..., Any]:
+    import torch
+
+    if precision == "int8":
+        raise PrecisionError(
+            "int8-inductor is not offered: torch.compile does not lower dynamically quantised "
+            "Linear modules (compiling them took minutes and ran them unfused). Use int8-torchscript, "
+            "int8-onnxruntime or int8-openvino."
+        )
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True  # weights become constants: folding, prepacked oneDNN weights
+    module, ctx = prepare_torch(module, precision)
+    nhwc = _channels_last(module, example_inputs)
+    runner.info["channels_last"] = nhwc
+    compiled = torch.compile(module, backend="inductor")
+    # One graph for every batch size: the batch dimension is symbolic, the rest
+    # (text padded to max_length, 224x224 images) static. Without this each new
+    # batch size recompiles (~1 min on 2 cores) in the middle of serving.
+    for t in example_inputs:
+        torch._dynamo.mark_dynamic(t, 0)
+
+    def run(*tensors):
+        with torch.no_grad(), ctx():
+            return compiled(*_nhwc(tensors, nhwc)).float()
+
+    return run
+
+
+@runtime("ipex")
+def _ipex(module, example_inputs, config, precision, runner) -> Callable[..., Any]:
+    import torch
+
+    try:
+        import intel_extension_for_pytorch as ipex  # optional extra; only beside torch 2.8
+    except Exception as exc:  # ImportError, or its own version check failing
+        raise RuntimeError(
+            f"packrat.runtime ipex: intel-extension-for-pytorch is not importable here ({exc}); it "
+            f"supports torch 2.8 only (this is torch {torch.__version__}). See docs/modes.md."
+        ) from exc
+    if precision == "int8":
+        raise PrecisionError("int8-ipex is not offered (IPEX int8 needs static calibration)")
+    module, ctx = prepare_torch(module, precision)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    module = ipex.optimize(module, dtype=dtype)
+    with torch.no_grad(), ctx():
+        frozen = torch.jit.freeze(torch.jit.trace(module, example_inputs, check_trace=False).eval())
+
+    def run(*tensors):
+        with torch.no_grad(), ctx():
+            return frozen(*tensors).float()
+
+    return run
+
+
+# -- ONNX runtimes ----------------------------------------------------------
+
+def export_onnx(module, example_inputs: tuple, directory: str, precision: str) -> str:
+    """The module as an ONNX file in `directory` (batch and sequence axes dynamic).
+
+    torch 2.13's default exporter is the dynamo one (needs onnxscript);
+    dynamo=False selects the TorchScript-based exporter, which needs only `onnx`.
+    int8: ONNX Runtime's dynamic quantisation of MatMul/Gemm weights.
+    """
+    import warnings
+
+    import torch
+
+    names = [f"input_{i}" for i in range(len(example_inputs))]
+    axes: dict[str, dict[int, str]] = {}
+    for n, t in zip(names, example_inputs):
+        axes[n] = {0: "batch"}
+        if t.dim() == 2:  # token ids / masks: variable sequence length
+            axes[n][1] = "sequence"
+    axes["output"] = {0: "batch"}
+    path = os.path.join(directory, "model.onnx")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, example_inputs, path, dynamo=False, input_names=names,
+                          output_names=["output"], dynamic_axes=axes, opset_version=17)
+    if precision == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantized = os.path.join(directory, "model.int8.onnx")
+        quantize_dynamic(path, quantized, weight_type=QuantType.QInt8)
+        return quantized
+    return path
+
+
+def _feeds(names: list[str], tensors: tuple) -> list:
+    return [t.contiguous().numpy() for t in tensors]
+
+
+@runtime("onnxruntime")
+def _onnxruntime(module, example_inputs, config, precision, runner) -> Callable[..., Any]:
+    import onnxruntime as ort
+    import torch
+
+    if precision == "bf16":
+        raise PrecisionError(
+            "bf16-onnxruntime is not offered: ONNX Runtime's CPU provider has no bf16 kernels for "
+            "these graphs. Use bf16-openvino or bf16 with a torch runtime."
+        )
+    threads = torch.get_num_threads()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads  # the slot's threads, on the slot's pinned cores
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    with tempfile.TemporaryDirectory(prefix="packrat-onnx-") as tmp:
+        path = export_onnx(module, example_inputs, tmp, precision)
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    runner.info["onnxruntime"] = {"version": ort.__version__, "intra_op_num_threads": threads,
+                                  "inter_op_num_threads": 1}
+
+    def run(*tensors):
+        out = session.run(None, dict(zip(names, _feeds(names, tensors))))[0]
+        return torch.from_numpy(out)
+
+    return run
+
+
+def openvino_properties(threads: int, precision: str) -> dict[str, Any]:
+    """OpenVINO CPU properties for one thin worker of `threads` threads."""
+    return {
+        "INFERENCE_NUM_THREADS": threads,
+        "ENABLE_CPU_PINNING": True,
+        "NUM_STREAMS": 1,  # one request at a time per worker; THROUGHPUT would split the cores
+        "PERFORMANCE_HINT": "LATENCY",
+        # Explicit: OpenVINO's CPU default is bf16 wherever the CPU has it.
+        "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
+    }
+
+
+@runtime("openvino")
+def _openvino(module, example_inputs, config, precision, runner) -> Callable[..., Any]:
+    import openvino as ov
+    import torch
+
+    if precision == "bf16":
+        from packrat_tasks.precision import check_bf16
+
+        check_bf16()
+    threads = torch.get_num_threads()
+    core = ov.Core()
+    props = openvino_properties(threads, precision)
+    with tempfile.TemporaryDirectory(prefix="packrat-onnx-") as tmp:
+        path = export_onnx(module, example_inputs, tmp, precision)
+        compiled = core.compile_model(core.read_model(path), "CPU", props)
+    request = compiled.create_infer_request()
+    runner.info["openvino"] = {
+        "version": ov.__version__,
+        **{k: str(compiled.get_property(k)) for k in
+           ("INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT", "NUM_STREAMS", "ENABLE_CPU_PINNING")},
+    }
+
+    def run(*tensors):
+        result = request.infer(_feeds([], tensors))
+        # infer() returns views of the request's own buffers: copy before the next call.
+        return torch.from_numpy(result[0].copy())
+
+    return run
+
+
+__all__ = [
+    "DYNAMIC_SHAPES", "PRECISIONS", "RUNTIMES", "Runner", "build_generation", "build_runner", "eager_reference",
+    "make_runner", "memory_mb", "mode_name", "needs_fixed_shapes", "openvino_properties",
+    "runtime", "runtime_name",
+]

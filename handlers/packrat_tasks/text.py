@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from packrat_tasks.base import Batch, RequestError, Task, get_field, parse_json_or_text
-from packrat_tasks.runtime import make_runner, runtime_name
+from packrat_tasks.runtime import build_runner, needs_fixed_shapes
 
 SAMPLE_SENTENCE = (
     "The quick brown fox jumps over the lazy dog while the servers in the data centre "
@@ -63,6 +63,7 @@ class _MeanPooledEncoder(torch.nn.Module):
 class _TextTask(Task):
     auto_class = "AutoModel"
     adapter = _MeanPooledEncoder
+    guard_kind = "embedding"  # how the accuracy guard compares outputs (guard.py)
 
     def __init__(self, model_dir: str, config: dict[str, Any]) -> None:
         super().__init__(model_dir, config)
@@ -73,10 +74,11 @@ class _TextTask(Task):
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
         self.model = getattr(transformers, self.auto_class).from_pretrained(path).eval()
         self.max_length = int(section.get("max_length", 128))
-        # Graph mode runs fixed shapes: every batch is padded to max_length.
-        self.fixed_length = runtime_name(config) != "eager"
+        # Graph modes specialised to shapes get every batch padded to max_length.
+        self.fixed_length = needs_fixed_shapes(config)
         example = self._encode([[self.tokenizer.cls_token_id or 0] * 8] * 2, self.max_length)
-        self.runner = make_runner(self.adapter(self.model), example, config)
+        # Builds the configured mode, warms it up and checks it against fp32 eager.
+        self.runner = build_runner(self, self.adapter(self.model), example, config, self.guard_kind)
 
     def parse(self, request: dict) -> list[int]:
         obj = parse_json_or_text(request)
@@ -124,6 +126,7 @@ class TextClassificationTask(_TextTask):
     name = "text-classification"
     auto_class = "AutoModelForSequenceClassification"
     adapter = _Classifier
+    guard_kind = "classification"
 
     def respond(self, batch: Batch) -> list[Any]:
         id2label = self.model.config.id2label

@@ -36,7 +36,8 @@ HANDLER_FILE = "packrat_handler.py"
 TASKS_PACKAGE = "packrat_tasks"
 MODEL_SUBDIR = "model"
 TASKS = ("text-classification", "feature-extraction", "text-generation", "image-classification", "noop")
-RUNTIMES = ("eager", "torchscript")
+RUNTIMES = ("eager", "torchscript", "inductor", "onnxruntime", "openvino", "ipex")
+PRECISIONS = ("fp32", "bf16", "int8")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # HF files worth carrying from a local model directory.
 _HF_SUFFIXES = (".json", ".txt", ".safetensors", ".model")
@@ -47,6 +48,7 @@ _HF_SKIP = {"modules.json", "config_sentence_transformers.json", "data_config.js
 class ArchiveOptions:
     task: str | None = None  # default: the architecture's / inferred from config.json
     runtime: str = "eager"
+    precision: str = "fp32"  # packrat.precision (docs/modes.md)
     batch_size: int = 1
     max_batch_delay_ms: int = 5
     max_new_tokens_cap: int | None = None
@@ -64,7 +66,9 @@ def _check(name: str, options: ArchiveOptions, task: str) -> None:
         raise ArchiveError(f"--task must be one of {', '.join(TASKS)}, got {options.task!r}")
     if options.runtime not in RUNTIMES:
         raise ArchiveError(f"--runtime must be one of {', '.join(RUNTIMES)}, got {options.runtime!r}")
-    if options.runtime == "torchscript" and task == "text-generation":
+    if options.precision not in PRECISIONS:
+        raise ArchiveError(f"--precision must be one of {', '.join(PRECISIONS)}, got {options.precision!r}")
+    if options.runtime != "eager" and task == "text-generation":
         raise ArchiveError("text-generation runs eager only (the generation loop is not traced)")
     for label, value in (("--batch-size", options.batch_size), ("--workers", options.workers)):
         if value < 1:
@@ -74,7 +78,8 @@ def _check(name: str, options: ArchiveOptions, task: str) -> None:
 
 
 def _model_config(task: str, packrat: dict[str, Any], options: ArchiveOptions) -> dict[str, Any]:
-    section = {"task": task, "runtime": options.runtime, "model_dir": MODEL_SUBDIR}
+    section = {"task": task, "runtime": options.runtime, "precision": options.precision,
+               "model_dir": MODEL_SUBDIR}
     section.update({k: v for k, v in packrat.items() if v is not None})
     if options.max_length is not None:
         section["max_length"] = options.max_length

@@ -23,7 +23,9 @@ def register(app: typer.Typer) -> None:
         model_store: Path = typer.Option(Path("model-store"), "--model-store", "-o"),
         task: Optional[str] = typer.Option(None, help="text-classification | feature-extraction | "
                                            "text-generation | image-classification | noop"),
-        runtime: str = typer.Option("eager", help="eager | torchscript (frozen graph)"),
+        runtime: str = typer.Option("eager", help="eager | torchscript (frozen graph) | inductor | "
+                                    "onnxruntime | openvino | ipex (docs/modes.md)"),
+        precision: str = typer.Option("fp32", help="fp32 | bf16 | int8 (docs/modes.md)"),
         batch_size: int = typer.Option(1, help="TorchServe batchSize in model_config.yaml"),
         max_batch_delay: int = typer.Option(5, help="TorchServe maxBatchDelay (ms)"),
         max_new_tokens_cap: Optional[int] = typer.Option(None, help="text-generation: upper bound "
@@ -40,7 +42,7 @@ def register(app: typer.Typer) -> None:
         from packrat.profile.identity import content_hash
 
         options = ArchiveOptions(
-            task=task, runtime=runtime, batch_size=batch_size, max_batch_delay_ms=max_batch_delay,
+            task=task, runtime=runtime, precision=precision, batch_size=batch_size, max_batch_delay_ms=max_batch_delay,
             max_new_tokens_cap=max_new_tokens_cap, max_length=max_length, version=version,
             seed=seed, workers=workers,
         )

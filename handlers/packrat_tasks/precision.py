@@ -1,0 +1,108 @@
+"""Numeric precision of a model path: `packrat.precision` = fp32 | bf16 | int8.
+
+    fp32  the weights as trained.
+    bf16  torch: autocast to bfloat16 (matmuls and convolutions in bf16 through
+          oneDNN, softmax/layer norm kept in fp32); OpenVINO: its bf16
+          inference precision. Refused where the CPU has no native bf16
+          (avx512_bf16 or AMX): there bf16 is emulated and slower than fp32.
+    int8  torch: dynamic quantisation of every nn.Linear (int8 weights, int8
+          activations quantised per batch; convolutions stay fp32);
+          ONNX Runtime / OpenVINO: ONNX Runtime's dynamic int8 quantisation
+          of the exported graph (MatMul/Gemm), which both runtimes execute.
+
+Nothing here runs at import time; torch is imported by the functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+PRECISIONS = ("fp32", "bf16", "int8")
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 arithmetic
+
+
+class PrecisionError(ValueError):
+    """The configured precision cannot run (on this CPU, or with this runtime)."""
+
+
+def precision_name(config: dict[str, Any]) -> str:
+    name = str((config.get("packrat") or {}).get("precision", "fp32")).lower()
+    if name not in PRECISIONS:
+        raise PrecisionError(f"unknown packrat.precision {name!r}; known: {', '.join(PRECISIONS)}")
+    return name
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
+    """The feature flags of the first CPU listed (all cores of a socket share them)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def bf16_problem(flags: Iterable[str], mkldnn_bf16: bool) -> str | None:
+    """Why bf16 should not run here, or None when it should.
+
+    Both must hold: the CPU has a native bf16 instruction set (avx512_bf16 or
+    AMX), and torch's oneDNN build reports bf16 support. Without them
+    bf16 matmuls are emulated: slower than fp32 and no more accurate.
+    """
+    flags = set(flags)
+    if not flags & set(BF16_FLAGS):
+        return ("packrat.precision bf16 needs a CPU with native bf16 (flags avx512_bf16 or "
+                f"amx_bf16); this CPU has neither. Use fp32 or int8.")
+    if not mkldnn_bf16:
+        return ("packrat.precision bf16: torch's oneDNN (mkldnn) reports no bf16 support on this "
+                "CPU/build. Use fp32 or int8.")
+    return None
+
+
+def check_bf16() -> None:
+    """Raise PrecisionError when this machine cannot run bf16 natively."""
+    import torch
+
+    mkldnn = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    problem = bf16_problem(cpu_flags(), mkldnn)
+    if problem:
+        raise PrecisionError(problem)
+
+
+def autocast_context(precision: str) -> Callable[[], contextlib.AbstractContextManager]:
+    """A factory of the context every forward pass of a torch runtime runs in."""
+    import torch
+
+    if precision == "bf16":
+        return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def quantize_int8(module):
+    """Dynamic int8 quantisation of every nn.Linear; returns a new module (the input is kept).
+
+    torch.ao.quantization is deprecated in favour of torchao (not installed here)
+    but still works in torch 2.13; its deprecation warning is silenced.
+    """
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(
+            module, {torch.nn.Linear}, dtype=torch.qint8, inplace=False
+        )
+
+
+def prepare_torch(module, precision: str):
+    """(module to run, context factory) for the torch runtimes (eager/torchscript/inductor)."""
+    if precision == "bf16":
+        check_bf16()
+    if precision == "int8":
+        return quantize_int8(module), autocast_context("fp32")
+    return module, autocast_context(precision)
