@@ -63,7 +63,7 @@ def test_write_report_files(results: Path, tmp_path: Path) -> None:
     paths = write_report(results, tmp_path / "report")
     md = paths["summary_md"].read_text()
     assert "packrat bench --quick" in md
-    assert "| 8 | 100.0 | 160.0 | 80.0 | 2x(1t,b4) | 78.0 | 2x(1t,b4) | 1.25x | 2.00x | +2.6 % | 70.0 | +14.3 % |" in md
+    assert "| 8 | 100.0 | 160.0 | 80.0 | 2x(1t,b4) | 78.0 | 2x(1t,b4) | 1.25x | 2.00x | +2.6 % | 70.0 | +14.3 % |  |" in md
     assert "skipped: time budget" in md and "| noop | 4 | 900 |" in md
     with open(paths["summary_csv"]) as f:
         summary = list(csv.DictReader(f))

@@ -45,6 +45,7 @@ class SummaryRow:
     prediction_gap: float | None
     packrat_throughput_rps: float | None
     fat_throughput_rps: float | None
+    cut_short: str = ""  # configs whose measurement the time bound stopped early (fewer samples)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -96,6 +97,7 @@ def summarise(ms: Sequence[Measurement]) -> list[SummaryRow]:
                 prediction_gap=None if gap is None else gap - 1.0,
                 packrat_throughput_rps=packrat.load.get("throughput_rps") if packrat else None,
                 fat_throughput_rps=fat.load.get("throughput_rps") if fat else None,
+                cut_short=",".join(sorted({m.config for m in group if _cut(m)})),
             )
         )
     return rows
@@ -123,14 +125,15 @@ def summary_markdown(rows: Sequence[SummaryRow]) -> str:
             f"### {model}",
             "",
             "| B | fat p50 ms | defaults p50 ms | packrat p50 ms | packrat shape | oracle p50 ms | oracle shape"
-            " | packrat vs fat | packrat vs defaults | regret vs oracle | predicted ms | prediction gap |",
-            "|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|",
+            " | packrat vs fat | packrat vs defaults | regret vs oracle | predicted ms | prediction gap | cut short |",
+            "|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---|",
         ]
         for r in (r for r in rows if r.model == model):
             out.append(
                 f"| {r.batch} | {_f(r.fat_ms)} | {_f(r.defaults_ms)} | {_f(r.packrat_ms)} | {r.packrat_shape or '–'}"
                 f" | {_f(r.oracle_ms)} | {r.oracle_shape or '–'} | {_x(r.speedup_vs_fat)}"
-                f" | {_x(r.speedup_vs_defaults)} | {_pct(r.regret)} | {_f(r.predicted_ms)} | {_pct(r.prediction_gap)} |"
+                f" | {_x(r.speedup_vs_defaults)} | {_pct(r.regret)} | {_f(r.predicted_ms)} | {_pct(r.prediction_gap)}"
+                f" | {r.cut_short or ''} |"
             )
         out.append("")
     return "\n".join(out)
@@ -138,7 +141,7 @@ def summary_markdown(rows: Sequence[SummaryRow]) -> str:
 
 def measurements_markdown(ms: Sequence[Measurement]) -> str:
     out = [
-        "| model | B | config | shape | p50 ms | p95 ms | p99 ms | throughput req/s | ok | errors | predicted ms |",
+        "| model | B | config | shape | p50 ms | p95 ms | p99 ms | throughput req/s | ok / planned | errors | predicted ms |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     order = {c: i for i, c in enumerate(CONFIGS)}
@@ -149,10 +152,17 @@ def measurements_markdown(ms: Sequence[Measurement]) -> str:
             errs += " (" + ", ".join(f"{k}: {v}" for k, v in ld["error_kinds"].items()) + ")"
         out.append(
             f"| {m.model} | {m.batch} | {m.config} | {m.shape} | {_f(ld.get('p50_ms'))} | {_f(ld.get('p95_ms'))}"
-            f" | {_f(ld.get('p99_ms'))} | {_f(ld.get('throughput_rps'))} | {ld.get('ok', 0)} | {errs}"
+            f" | {_f(ld.get('p99_ms'))} | {_f(ld.get('throughput_rps'))} | {ld.get('ok', 0)} / {ld.get('requested', '?')}"
+            f"{' (cut short)' if _cut(m) else ''} | {errs}"
             f" | {_f(m.predicted_ms)} |"
         )
     return "\n".join(out) + "\n"
+
+
+def _cut(m: Measurement) -> bool:
+    """The time bound stopped it before every planned request was sent."""
+    req = m.load.get("requested")
+    return req is not None and m.load.get("ok", 0) + m.load.get("errors", 0) < req
 
 
 def capacity_markdown(records: Sequence[dict]) -> str:

@@ -46,6 +46,8 @@ FULL_MODELS = ("bert-base", "gpt2", "resnet50")
 FULL_BATCHES = (1, 2, 4, 8, 16, 32)
 QUICK_MODELS = ("resnet50",)
 QUICK_BATCHES = (1, 4, 8)
+# Plans are measured from the largest B down: if the time budget runs out it is
+# the small loads (cheap, and where thin instances matter least) that are skipped.
 # Keys TorchServe hands out expire after 60 min by default; a full run is ~40 min
 # of traffic plus set-up, so the bench's own server gets longer-lived keys.
 TOKEN_EXPIRATION_MIN = 480
@@ -86,14 +88,17 @@ class BenchSettings:
 
 def quick_settings(out: Path, **kw: Any) -> BenchSettings:
     base = dict(models=QUICK_MODELS, batches=QUICK_BATCHES, out=out, mode="quick", min_requests=40,
-                rounds=5, max_point_s=25.0, profile_budget_s=60.0, profile_point_budget_s=4.0,
+                rounds=5, max_point_s=25.0, profile_budget_s=90.0, profile_point_budget_s=4.0,
                 capacity_requests=300)
     base.update(kw)
     return BenchSettings(**base)
 
 
 def full_settings(out: Path, **kw: Any) -> BenchSettings:
-    base = dict(models=FULL_MODELS, batches=FULL_BATCHES, out=out, mode="full", budget_s=40 * 60.0)
+    # ~40 min on 2 cores: 3 x (profile <= 2 min + ~12 swaps + ~24 measurements of <= 45 s)
+    base = dict(models=FULL_MODELS, batches=FULL_BATCHES, out=out, mode="full", budget_s=40 * 60.0,
+                min_requests=40, rounds=5, max_point_s=45.0, profile_budget_s=120.0,
+                profile_point_budget_s=6.0)
     base.update(kw)
     return BenchSettings(**base)
 
@@ -503,7 +508,7 @@ class Bench:
         try:
             bar.set_postfix_str(f"{name}: register defaults")
             self.register_defaults(st)
-            for b in self.s.batches:
+            for b in sorted(self.s.batches, reverse=True):
                 if time.monotonic() > model_deadline:
                     self.note("skipped: time budget", model=name, batch=b, config="defaults")
                     bar.update(1)
@@ -511,7 +516,7 @@ class Bench:
                 bar.set_postfix_str(f"{name} B={b} defaults")
                 self.measure(st, b, "defaults", None, self.target(name, body, ctype))
                 bar.update(1)
-            for b in self.s.batches:
+            for b in sorted(self.s.batches, reverse=True):
                 cands = candidate_plans(self.s.T, b, profile)
                 try:
                     pk = realizable_plan(profile, self.s.T, b)
