@@ -1,0 +1,244 @@
+"""The controller as users run it: `packrat controller` attached to a real TorchServe.
+
+The controller runs as a subprocess (so it can be killed with SIGKILL); every
+REST call carries TorchServe's management token. The model is the noop
+archive (fast worker start); the profile endpoint runs the real profiler on it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from packrat.apply.loadcheck import ContinuousLoad
+from packrat.apply.server import free_ports, start_torchserve
+from packrat.plan import realizable_plan
+from packrat.profile.store import save_profile
+from packrat.types import Profile, ProfilePoint
+
+pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
+
+MODEL = "ctl-echo"
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
+    store = tmp_path_factory.mktemp("ctl-store")
+    (store / MODEL).symlink_to(tiny_store / "noop", target_is_directory=True)
+    server = start_torchserve(store, tmp_path_factory.mktemp("ctl-ts"))
+    state = tmp_path_factory.mktemp("ctl-state")
+    ctl = Ctl(server, store, state)
+    try:
+        server.management_client().register(MODEL, MODEL, 1)
+        ctl.start()
+        yield server, ctl, store
+    finally:
+        ctl.kill()
+        server.stop()
+
+
+class Ctl:
+    """One `packrat controller` subprocess; restartable."""
+
+    def __init__(self, server, store: Path, state: Path) -> None:
+        self.server, self.store, self.state = server, store, state
+        self.port = free_ports(1)[0]
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        cmd = [
+            sys.executable, "-m", "packrat.cli", "controller",
+            "--management-url", self.server.management_url,
+            "--metrics-url", self.server.metrics_url,
+            "--key-file", str(self.server.key_file),
+            "--model-store", str(self.store),
+            "--state-dir", str(self.state),
+            "--cores", "0-1",
+            "--port", str(self.port),
+        ]
+        log = open(self.state / "controller.out", "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.state / "controller.out").read_text()
+            try:
+                requests.get(f"{self.url}/v1/models", timeout=2)
+                return
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        raise AssertionError("controller did not come up")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def headers(self) -> dict[str, str]:
+        return self.server.management_headers()
+
+    def get(self, path: str, **kw) -> requests.Response:
+        return requests.get(f"{self.url}{path}", headers=kw.pop("headers", self.headers()), timeout=120, **kw)
+
+    def post(self, path: str, body: dict, **kw) -> requests.Response:
+        return requests.post(
+            f"{self.url}{path}", json=body, headers=kw.pop("headers", self.headers()), timeout=300, **kw
+        )
+
+
+ENDPOINTS = [
+    ("GET", "/v1/models", None),
+    ("GET", f"/v1/models/{MODEL}/status", None),
+    ("POST", f"/v1/models/{MODEL}/plan", {"batch": 2}),
+    ("POST", f"/v1/models/{MODEL}/apply", {"instances": [{"threads": 1, "batch": 1}]}),
+    ("POST", f"/v1/models/{MODEL}/profile", {"max_batch": 1}),
+    ("GET", "/v1/jobs/none", None),
+    ("GET", "/v1/swaps", None),
+]
+
+
+def test_every_endpoint_refuses_without_the_management_token(stack) -> None:
+    server, ctl, _ = stack
+    wrong = [{}, {"Authorization": "Bearer nope"}, server.inference_headers(),
+             {"Authorization": server.management_headers()["Authorization"].replace("Bearer", "Basic")}]
+    for method, path, body in ENDPOINTS:
+        for headers in wrong:
+            r = requests.request(method, f"{ctl.url}{path}", json=body, headers=headers, timeout=30)
+            assert r.status_code == 401, (method, path, headers, r.status_code, r.text)
+    # Nothing was applied by any of those calls.
+    assert ctl.get("/v1/swaps").json() == []
+
+
+def _write_profile(ctl: Ctl) -> Profile:
+    # L(t, b): a 2-thread instance is 1.6x faster than a 1-thread one; latency grows with b.
+    points = tuple(
+        ProfilePoint(threads=t, batch=b, mean_ms=round(10.0 * b ** 0.8 / (1.6 if t == 2 else 1.0), 3))
+        for t in (1, 2) for b in (1, 2, 4)
+    )
+    prof = Profile(model_id="test", points=points)
+    save_profile(prof, ctl.state / "profiles" / f"{MODEL}.json")
+    return prof
+
+
+def test_plan_apply_status_and_malformed_plans(stack) -> None:
+    server, ctl, store = stack
+    prof = _write_profile(ctl)
+    # Compute without applying: the optimiser's realisable plan, version unchanged.
+    version0 = ctl.get(f"/v1/models/{MODEL}/status").json()["version"]
+    r = ctl.post(f"/v1/models/{MODEL}/plan", {"batch": 4})
+    assert r.status_code == 200, r.text
+    want = realizable_plan(prof, 2, 4)
+    assert [(i["threads"], i["batch"]) for i in r.json()["instances"]] == [
+        (i.threads, i.batch) for i in want.instances]
+    assert r.json()["predicted_latency_ms"] == pytest.approx(want.predicted_latency_ms)
+    assert ctl.get(f"/v1/models/{MODEL}/status").json()["version"] == version0
+
+    # Apply an explicit plan: 2 x (1 thread, batch 2).
+    r = ctl.post(f"/v1/models/{MODEL}/apply", {"instances": [{"threads": 1, "batch": 2}] * 2})
+    assert r.status_code == 200, r.text
+    swap = r.json()["swap"]
+    assert swap["outcome"] == "applied" and swap["from_version"] == version0
+    st = ctl.get(f"/v1/models/{MODEL}/status").json()
+    assert st["version"] == swap["to_version"]
+    assert [(i["threads"], i["batch"]) for i in st["plan"]["instances"]] == [(1, 2), (1, 2)]
+    # Predicted latency comes from the profile: L(1, 2) = 10 * 2^0.8.
+    assert st["predicted_latency_ms"] == pytest.approx(10.0 * 2 ** 0.8, rel=1e-3)
+    assert sorted(tuple(w["affinity"]) for w in st["workers"]) == [(0,), (1,)]
+    assert all(w["as_planned"] and w["torch_threads"] == 1 for w in st["workers"])
+    assert st["last_swaps"][-1]["to_version"] == swap["to_version"]
+    assert st["last_swaps"][-1]["duration_s"] > 0
+
+    # Apply a computed plan for batch 4 (the profile's realisable plan).
+    r = ctl.post(f"/v1/models/{MODEL}/apply", {"batch": 4})
+    assert r.status_code == 200, r.text
+    st = ctl.get(f"/v1/models/{MODEL}/status").json()
+    assert [(i["threads"], i["batch"]) for i in st["plan"]["instances"]] == [
+        (i.threads, i.batch) for i in want.instances]
+
+    # Observed latency from TorchServe's metrics once requests were served.
+    for _ in range(5):
+        requests.post(f"{server.inference_url}/predictions/{MODEL}", data=b"x",
+                      headers=server.inference_headers(), timeout=30)
+    obs = ctl.get(f"/v1/models/{MODEL}/status").json()["observed"]
+    assert obs["requests_total"] >= 5 and obs["mean_latency_ms"] > 0
+
+    # Malformed plans: 4xx with a message, and nothing changes.
+    before = ctl.get(f"/v1/models/{MODEL}/status").json()
+    swaps_before = len(ctl.get("/v1/swaps").json())
+    dirs_before = sorted(p.name for p in store.iterdir())
+    bad = [
+        (f"/v1/models/{MODEL}/apply", {"instances": [{"threads": 3, "batch": 1}]}, 422),  # > 2 cores
+        (f"/v1/models/{MODEL}/apply", {"instances": [{"threads": 1, "batch": 1}] * 3}, 422),  # 3 threads
+        (f"/v1/models/{MODEL}/apply", {"instances": [{"threads": 1, "batch": 0}]}, 422),
+        (f"/v1/models/{MODEL}/apply", {"instances": [{"threads": 1, "batch": 1}, {"threads": 1, "batch": 2}]}, 422),
+        (f"/v1/models/{MODEL}/apply", {"batch": 0}, 422),
+        (f"/v1/models/{MODEL}/apply", {}, 422),
+        (f"/v1/models/{MODEL}/plan", {"batch": 0}, 422),
+        (f"/v1/models/{MODEL}/plan", {"batch": 2, "cores": 3}, 422),
+        ("/v1/models/no-such-model/apply", {"instances": [{"threads": 1, "batch": 1}]}, 404),
+        ("/v1/models/no-such-model/plan", {"batch": 2}, 404),
+    ]
+    for path, body, code in bad:
+        r = ctl.post(path, body)
+        assert r.status_code == code, (path, body, r.status_code, r.text)
+        assert r.json().get("detail"), r.text
+    assert ctl.get("/v1/models/no-such-model/status").status_code == 404
+    after = ctl.get(f"/v1/models/{MODEL}/status").json()
+    assert (after["version"], after["plan"]) == (before["version"], before["plan"])
+    assert len(ctl.get("/v1/swaps").json()) == swaps_before
+    assert sorted(p.name for p in store.iterdir()) == dirs_before
+
+
+def test_reprofile_job_runs_in_background(stack) -> None:
+    _, ctl, _ = stack
+    r = ctl.post(f"/v1/models/{MODEL}/profile", {"max_batch": 2, "budget_s": 30, "cores": 1})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["state"] in ("queued", "running")
+    deadline = time.monotonic() + 120
+    while job["state"] in ("queued", "running") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        job = ctl.get(f"/v1/jobs/{job['id']}").json()
+    assert job["state"] == "done", job
+    assert job["result"]["points"] >= 1
+    # The plan endpoint now uses the fresh profile (1 core profiled -> 1-thread instances).
+    r = ctl.post(f"/v1/models/{MODEL}/plan", {"batch": 1, "cores": 1})
+    assert r.status_code == 200, r.text
+    assert r.json()["instances"][0]["threads"] == 1
+    assert ctl.get("/v1/jobs/nope").status_code == 404
+
+
+def test_controller_killed_under_load_serving_continues(stack) -> None:
+    server, ctl, _ = stack
+    before = ctl.get(f"/v1/models/{MODEL}/status").json()
+    assert before["plan"] is not None
+    bodies = [f"ctl {i}".encode() for i in range(8)]
+    load = ContinuousLoad(
+        url=f"{server.inference_url}/predictions/{MODEL}",
+        headers=server.inference_headers(),
+        bodies=bodies,
+        check=lambda i, body: body == bodies[i],
+        clients=8,
+    )
+    with load:
+        time.sleep(1.0)
+        ctl.kill()
+        n_dead = len(load.snapshot())
+        time.sleep(2.0)
+        assert len(load.snapshot()) > n_dead  # still served with no controller
+        ctl.start()
+        after = ctl.get(f"/v1/models/{MODEL}/status").json()
+        time.sleep(0.5)
+    assert not load.failures(), load.failures()[:3]
+    assert (after["version"], after["plan"]) == (before["version"], before["plan"])
+    assert after["last_swaps"] == before["last_swaps"]
