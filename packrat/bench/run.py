@@ -14,8 +14,8 @@
             -> each measured with B closed-loop clients
         unregister it
 
-Every shape is applied through the live-plan code (packrat.apply.swap.Swapper):
-fat and the oracle's candidates are plans too. A shape that is already live is
+Every shape is applied through the controller's live-plan swap
+(packrat.control.Controller.apply): fat and the oracle's candidates are plans too. A shape that is already live is
 not swapped again. Each measurement is appended to results.jsonl the moment it
 lands (see packrat.bench.results); reports read only that file.
 """
@@ -273,6 +273,7 @@ class Bench:
         self.deadline = None if settings.budget_s is None else time.monotonic() + settings.budget_s
         self.server = None
         self._owns_server = False
+        self._controller = None
         self._bar = None
 
     # -- helpers ------------------------------------------------------------------
@@ -318,6 +319,7 @@ class Bench:
         if self.server is not None and self._owns_server:
             self.server.stop()
         self.server = None
+        self._controller = None
 
     def client(self):
         from packrat.apply.client import ManagementClient
@@ -393,15 +395,26 @@ class Bench:
         st.registered = True
         st.live_shape = None
 
+    def controller(self):
+        """The Packrat controller on this TorchServe: every shape goes live through Controller.apply."""
+        from packrat.control import Controller, ControllerSettings
+
+        if self._controller is None:
+            self._controller = Controller(ControllerSettings(
+                management_url=self.server.management_url,
+                key_file=self.server.workdir / "key_file.json",
+                model_store=self.model_store,
+                state_dir=self.out / "controller",  # swaps.jsonl: every swap's phases and duration
+                cores=tuple(self.s.cores),
+            ))
+        return self._controller
+
     def apply_plan(self, st: _State, plan: Plan) -> dict[str, Any] | None:
         """Make `plan` live through the live-plan swap, unless that shape is live already."""
-        from packrat.apply.swap import Swapper
-
         shape = plan_shape(plan)
         if st.live_shape == shape:
             return None
-        swapper = Swapper(self.client(), self.model_store, list(self.s.cores))
-        record = swapper.apply(st.model, plan)
+        record = self.controller().apply(st.model, plan)
         st.live_shape = shape
         return {"swap_s": record.duration_s, "phases_s": record.phases_s, "to_version": record.to_version,
                 "warnings": record.warnings}
