@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
@@ -110,19 +111,20 @@ def create_app(controller: Controller) -> FastAPI:
     jobs: dict[str, Job] = {}
     jobs_lock = threading.Lock()
 
-    def require_token(request: Request) -> None:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
+    # Declared as an HTTP bearer scheme so the OpenAPI spec documents it; checked by hand
+    # (auto_error=False) so every failure is the same 401 with a useful message.
+    bearer = HTTPBearer(auto_error=False, description="TorchServe's management key (key_file.json)")
+
+    def require_token(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         try:
             keys = controller.client.keys()
         except TorchServeError as exc:
             raise HTTPException(503, f"cannot read TorchServe's key file: {exc}") from exc
         expected = keys.management.key if keys else None
         if (
-            scheme.lower() != "bearer"
-            or not token
+            creds is None
             or expected is None
-            or not hmac.compare_digest(token.strip().encode(), expected.encode())
+            or not hmac.compare_digest(creds.credentials.strip().encode(), expected.encode())
         ):
             raise HTTPException(
                 401,
