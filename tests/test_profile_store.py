@@ -167,3 +167,15 @@ def test_mode_and_current_fingerprint():
     assert mode_from_config({"packrat": {"runtime": "eager", "precision": "bf16"}}) == "bf16-eager"
     fp = current_fingerprint({}, env={})
     assert fp.allocator == "glibc" and fp.usable_cores >= 1 and fp.torch_version.startswith("2.")
+
+
+def test_contention_warning_flags_busy_points_only():
+    from packrat.profile.runner import contention_warning
+
+    quiet = ProfilePoint(1, 1, 10.0, meta={"cpu_share": 0.97, "loadavg_1m": [0.8, 1.1]})
+    starved = ProfilePoint(1, 2, 30.0, meta={"cpu_share": 0.35, "loadavg_1m": [1.5, 1.9]})
+    loaded = ProfilePoint(2, 1, 9.0, meta={"cpu_share": 0.9, "loadavg_1m": [6.0, 7.5]})
+    assert contention_warning(replace(_profile(), points=(quiet,))) is None
+    warning = contention_warning(replace(_profile(), points=(quiet, starved, loaded)))
+    # 2 busy points of 3; the worst load (7.5 > 2 cores) and the lowest share (0.35) are named
+    assert warning.startswith("warning: 2 of 3 points") and "7.5 on 2 cores" in warning and "0.35" in warning

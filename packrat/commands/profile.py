@@ -92,6 +92,11 @@ def profile_command(
 
     if not quiet:
         typer.echo(_table(profile))
+    from packrat.profile.runner import contention_warning
+
+    warning = contention_warning(profile)
+    if warning:
+        typer.echo(warning, err=True)
     omitted = profile.extra.get("omitted", [])
     typer.echo(
         f"wrote {out}: {len(profile.points)} points, {len(omitted)} omitted, "

@@ -240,3 +240,27 @@ def run_profile(
         bar.close()
     return snapshot(complete=True)
 
+
+
+def contention_warning(profile: Profile, cores: int | None = None) -> str | None:
+    """A one-line warning when points ran on a busy machine, else None.
+
+    Judged from what each worker recorded: the 1-minute load average around the
+    point (above the usable cores means others wanted our CPUs) and the CPU time
+    the instance got per wall second per thread (`cpu_share`, below 0.8 means it
+    was starved). Such a profile is kept (it is what was measured) but flagged.
+    """
+    cores = cores or (profile.fingerprint.usable_cores if profile.fingerprint else os.cpu_count() or 1)
+    busy = [
+        p for p in profile.points
+        if max(p.meta.get("loadavg_1m", [0.0])) > cores or p.meta.get("cpu_share", 1.0) < 0.8
+    ]
+    if not busy:
+        return None
+    load = max(max(p.meta.get("loadavg_1m", [0.0])) for p in busy)
+    share = min(p.meta.get("cpu_share", 1.0) for p in busy)
+    return (
+        f"warning: {len(busy)} of {len(profile.points)} points ran on a busy machine "
+        f"(load average up to {load:.1f} on {cores} cores, CPU share down to {share:.2f}); "
+        "their latencies are inflated, re-profile when the machine is quiet"
+    )

@@ -135,7 +135,13 @@ def run_job(job: dict[str, Any], report: _Reporter) -> None:
             def call() -> object:
                 return task.run(requests)
 
+        # CPU time this process got per wall second per thread: well below 1 means the
+        # instance was starved by other load (spin-waiting OpenMP threads count as busy,
+        # so it is an upper bound). Load average says the same from the outside.
+        load_before = os.getloadavg()[0]
+        cpu0, wall0 = time.process_time(), time.perf_counter()
         stats = measure(call, rule, deadline=deadline)
+        cpu_share = (time.process_time() - cpu0) / max(1e-9, (time.perf_counter() - wall0) * threads)
         if stats is None:
             report("omitted", threads=threads, batch=batch, reason="total budget exhausted during warm-up")
             continue
@@ -159,6 +165,8 @@ def run_job(job: dict[str, Any], report: _Reporter) -> None:
                 "warmup_calls": stats.warmup_calls,
                 "elapsed_s": round(stats.elapsed_s, 3),
                 "pid": os.getpid(),
+                "cpu_share": round(cpu_share, 3),
+                "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             },
         )
 
