@@ -96,3 +96,20 @@ def test_start_failure_reports_log_tail(tiny_store, tmp_path) -> None:
                          extra_properties={"inference_address": "http://127.0.0.1:notaport"})
     assert "torchserve.out" in str(info.value) or "ts_log" in str(info.value)
     assert not os.path.exists(tmp_path / "w" / "server.json")
+
+
+def test_worker_claims_its_slot_before_serving(torchserve, tiny_store) -> None:
+    """initialize() pins the worker to its slot's cores (packrat.slots in model_config.yaml)."""
+    import uuid
+
+    from packrat.archive import ArchiveOptions, build_named
+
+    core = max(os.sched_getaffinity(0))
+    slots = {"plan_id": f"test-{uuid.uuid4().hex}", "slots": [{"cores": [core], "threads": 1}]}
+    build_named("noop", tiny_store, "noop-pinned", ArchiveOptions(extra=slots), force=True)
+    torchserve.management_client().register("noop-pinned", "noop-pinned", 1)
+    pid = torchserve.management_client().describe("noop-pinned")["workers"][0]["pid"]
+    assert os.sched_getaffinity(pid) == {core}
+    r = requests.post(f"{torchserve.inference_url}/predictions/noop-pinned", data=b"x",
+                      headers=torchserve.inference_headers(), timeout=60)
+    assert r.status_code == 200
