@@ -92,7 +92,7 @@ def analyse(tr: dict) -> list[dict]:
         conv = None
         tail = 0
         for d in reversed(ds):
-            if d["estimated_batch"] == level and d["reason"] == "same-plan":
+            if d["estimated_batch"] == level and d["reason"] in ("same-plan", "gain-below-threshold"):
                 tail += 1
             else:
                 break
@@ -258,8 +258,9 @@ def render_md(tr: dict, rows: list[dict]) -> str:
         "- *new plan serving*: `set-default` of the new version returned (register, workers "
         "READY and pinned, then set-default); *swap took* includes draining and unregistering "
         "the old version.",
-        "- *converged*: from here to the end of the step B read the level and the running plan "
-        "was the best for it (decision reason `same-plan`).",
+        "- *converged*: from here to the end of the step B read the level and the policy kept "
+        "the running plan: the best for it (`same-plan`), or within the gain threshold of the "
+        "best once the measured latency gap is applied (`gain-below-threshold`).",
         "- p50 before/after: client latency of requests sent before / after the new plan "
         "started serving in that step.",
         "",

@@ -28,7 +28,8 @@ predicted at the estimated B (0.10 = the candidate is 1.1x faster).
 
 Contention. Profiles time one instance alone; instances side by side are
 slower (memory bandwidth, caches; the paper saw 12-15 %). Once a plan has run
-for settle_s at the load it was planned for, the policy compares the observed
+for settle_s at the load it was planned for (the raw window, the EWMA and the
+smoothed B all read the plan's batch), the policy compares the observed
 mean request latency with the plan's prediction and keeps, per model,
 
     factor(n) = base · (1 + per_corunner · (n - 1))      n = workers in a plan
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from packrat.observe.estimator import Estimate
+from packrat.observe.estimator import Estimate, round_pow2
 from packrat.observe.predict import same_shape
 from packrat.types import Plan
 
@@ -224,8 +225,14 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
     corr = state.correction
     gap = None
     settled = since is None or ctx.now_s - since >= s.settle_s
+    # "At its own load" means now, not just the smoothed B: right after a load
+    # step the estimate still reads the old B for seconds while the latency
+    # already reflects the new load. So the raw window and the EWMA must agree too.
+    steady = (est.batch == cur.batch and est.rounded == cur.batch
+              and est.concurrency is not None
+              and round_pow2(est.concurrency) == cur.batch) if cur is not None else False
     if (cur is not None and not ctx.swap_in_progress and est.ready and not est.idle
-            and est.mean_latency_ms is not None and est.batch == cur.batch and settled
+            and est.mean_latency_ms is not None and steady and settled
             and cur.predicted_latency_ms > 0):
         ratio = est.mean_latency_ms / cur.predicted_latency_ms
         corr = update_correction(corr, ratio, len(cur.instances), s)
