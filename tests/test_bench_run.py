@@ -38,6 +38,7 @@ def test_candidate_predictions_come_from_the_profile() -> None:
 
 def test_request_counts_scale_with_load() -> None:
     s = BenchSettings(models=("x",), batches=(1, 32), out=Path("o"), min_requests=60, rounds=8, warmup_rounds=2)
+    # measured = max(min_requests, rounds x B); warm-up = max(warmup_rounds x B, 4)
     assert s.point_requests(1) == (60, 4)  # min 60 measured; warm-up at least 4
     assert s.point_requests(32) == (256, 64)  # 8 rounds x 32, 2 rounds x 32
     assert BenchSettings(models=("x",), batches=(1,), out=Path("o"), requests=10).point_requests(32)[0] == 10

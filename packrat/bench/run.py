@@ -62,7 +62,8 @@ class BenchSettings:
     requests: int | None = None  # measured requests per point; None: max(min_requests, rounds*B)
     min_requests: int = 60
     rounds: int = 8  # measured requests per client
-    warmup_rounds: int = 2
+    warmup_rounds: int = 1
+    defaults_share: float = 0.3  # of a model's time after profiling, for the defaults at every B
     max_point_s: float = 60.0  # one measurement's wall-time bound
     profile_budget_s: float = 150.0  # per model
     profile_point_budget_s: float = 8.0
@@ -445,10 +446,13 @@ class Bench:
 
     # -- measuring ------------------------------------------------------------------
     def measure(self, st: _State, batch: int, config: str, plan: Plan | None, target: Target,
-                extra: dict[str, Any] | None = None) -> Measurement:
+                extra: dict[str, Any] | None = None, deadline: float | None = None) -> Measurement:
         n, warm = self.s.point_requests(batch)
         load_before = os.getloadavg()[0]
-        res: LoadResult = closed_loop(target, batch, n, warmup=warm, max_duration_s=self.s.max_point_s)
+        bound = self.s.max_point_s
+        if deadline is not None:
+            bound = max(5.0, min(bound, deadline - time.monotonic()))
+        res: LoadResult = closed_loop(target, batch, n, warmup=warm, max_duration_s=bound)
         if plan is None:
             inst: tuple[tuple[int, int], ...] = ()
             shape = f"defaults: {self.s.T} workers x torch threads, batch 1"
@@ -521,13 +525,16 @@ class Bench:
         try:
             bar.set_postfix_str(f"{name}: register defaults")
             self.register_defaults(st)
+            # The defaults get their own share of the model's time, so a slow default
+            # configuration (batch 1 under B clients) cannot eat the plans' time.
+            defaults_deadline = time.monotonic() + self.s.defaults_share * max(0.0, model_deadline - time.monotonic())
             for b in sorted(self.s.batches, reverse=True):
-                if time.monotonic() > model_deadline:
+                if time.monotonic() > defaults_deadline:
                     self.note("skipped: time budget", model=name, batch=b, config="defaults")
                     bar.update(1)
                     continue
                 bar.set_postfix_str(f"{name} B={b} defaults")
-                self.measure(st, b, "defaults", None, self.target(name, body, ctype))
+                self.measure(st, b, "defaults", None, self.target(name, body, ctype), deadline=defaults_deadline)
                 bar.update(1)
             for b in sorted(self.s.batches, reverse=True):
                 cands = candidate_plans(self.s.T, b, profile)
@@ -560,7 +567,7 @@ class Bench:
                     extra = {"swap": swap} if swap else {"swap": "none: shape already live"}
                     if config == "packrat":
                         extra["fat_predicted_ms"] = pk.fat_latency_ms
-                    self.measure(st, b, config, plan, self.target(name, body, ctype), extra)
+                    self.measure(st, b, config, plan, self.target(name, body, ctype), extra, deadline=model_deadline)
                     bar.update(1)
                 bar.update(max(0, 1 + len(candidate_plans(self.s.T, b, None)) - len(steps)))
         finally:
