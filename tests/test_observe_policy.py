@@ -150,6 +150,15 @@ def test_correction_learns_the_gap_after_settling() -> None:
     assert s3.correction == state.correction
 
 
+def test_correction_uses_service_time_when_queue_time_is_known() -> None:
+    # 104 ms end to end, of which 24 ms waiting in TorchServe's queue: 80 ms of
+    # service against 80 predicted -> ratio 1.0, no contention booked
+    e = est(8, observed_ms=104.0, mean_queue_ms=24.0)
+    d, st = decide(STABLE8, ctx(16, e, THIN8, 80.0, THIN8))
+    assert d.observed_ms == pytest.approx(80.0) and d.latency_gap == pytest.approx(0.0)
+    assert st.correction.per_corunner == pytest.approx(0.0)
+
+
 def test_correction_separates_shared_overhead_from_contention() -> None:
     s = PolicySettings()
     c = update_correction(Correction(), 1.1, workers=1, settings=s)

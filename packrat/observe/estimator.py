@@ -82,6 +82,14 @@ class Estimate:
     idle: bool = False  # no request arrived or finished in the window
     reset: bool = False  # counters went backwards: TorchServe restarted
 
+    @property
+    def mean_service_ms(self) -> float | None:
+        """Mean time from a worker taking a request off the queue to the response:
+        what a profile predicts, without the waiting for a free worker."""
+        if self.mean_latency_ms is None or self.mean_queue_ms is None:
+            return None
+        return self.mean_latency_ms - self.mean_queue_ms
+
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 

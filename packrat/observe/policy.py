@@ -30,7 +30,8 @@ Contention. Profiles time one instance alone; instances side by side are
 slower (memory bandwidth, caches; the paper saw 12-15 %). Once a plan has run
 for settle_s at the load it was planned for (the raw window, the EWMA and the
 smoothed B all read the plan's batch), the policy compares the observed
-mean request latency with the plan's prediction and keeps, per model,
+mean service time (TorchServe's latency minus its queue time, per request)
+with the plan's prediction and keeps, per model,
 
     factor(n) = base · (1 + per_corunner · (n - 1))      n = workers in a plan
 
@@ -136,7 +137,7 @@ class Decision:
     corrected_candidate_ms: float | None  # the corrected choice
     corrected_gain: float | None  # what the threshold is applied to
     correction_changed_choice: bool
-    observed_ms: float | None  # mean request latency over the estimator window
+    observed_ms: float | None  # mean service time (else latency) over the estimator window
     latency_gap: float | None  # observed/predicted - 1 of the active plan (settled)
     correction: Correction
     estimate: Estimate
@@ -171,7 +172,9 @@ class Decision:
                          "reset": self.estimate.reset,
                          "concurrency": _r(self.estimate.concurrency),
                          "ewma": _r(self.estimate.ewma), "rounded": self.estimate.rounded,
-                         "request_rate": _r(self.estimate.request_rate)},
+                         "request_rate": _r(self.estimate.request_rate),
+                         "mean_latency_ms": _r(self.estimate.mean_latency_ms),
+                         "mean_queue_ms": _r(self.estimate.mean_queue_ms)},
         }
 
 
@@ -231,10 +234,15 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
     steady = (est.batch == cur.batch and est.rounded == cur.batch
               and est.concurrency is not None
               and round_pow2(est.concurrency) == cur.batch) if cur is not None else False
+    # Compare service time (latency minus time queued for a free worker) when
+    # TorchServe reports queue time: the profile times one instance working,
+    # and how long requests wait for an instance depends on arrivals, not on
+    # how fast instances run side by side.
+    observed = est.mean_service_ms if est.mean_service_ms is not None else est.mean_latency_ms
     if (cur is not None and not ctx.swap_in_progress and est.ready and not est.idle
-            and est.mean_latency_ms is not None and steady and settled
+            and observed is not None and steady and settled
             and cur.predicted_latency_ms > 0):
-        ratio = est.mean_latency_ms / cur.predicted_latency_ms
+        ratio = observed / cur.predicted_latency_ms
         corr = update_correction(corr, ratio, len(cur.instances), s)
         gap = ratio - 1.0
 
@@ -291,7 +299,7 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
         target=chosen if swap else None, optimiser_choice=raw,
         current_ms=cur_ms, candidate_ms=raw_ms, predicted_gain=gain,
         corrected_current_ms=ccur_ms, corrected_candidate_ms=cch_ms, corrected_gain=cgain,
-        correction_changed_choice=changed, observed_ms=est.mean_latency_ms,
+        correction_changed_choice=changed, observed_ms=observed,
         latency_gap=gap, correction=corr, estimate=est, estimate_stable_s=stable_for,
     )
     new_state = replace(state, correction=corr, seen_batch=seen_batch, seen_since_s=seen_since)
