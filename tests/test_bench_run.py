@@ -55,3 +55,24 @@ def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
     assert r.exit_code == 2
     r = runner.invoke(app, ["bench-report", str(tmp_path / "missing.jsonl")])
     assert r.exit_code == 2
+
+
+def test_bench_load_cli_drives_a_loopback_server(tmp_path: Path) -> None:
+    import json
+
+    from packrat.bench.localserver import LocalServer
+
+    srv = LocalServer(0)
+    srv.start_in_thread()
+    try:
+        (tmp_path / "key_file.json").write_text(json.dumps({
+            "management": {"key": "m"}, "inference": {"key": "inf-key"}, "API": {"key": "a"}}))
+        r = CliRunner().invoke(app, ["bench-load", f"http://127.0.0.1:{srv.port}/p", "-c", "3", "-n", "30",
+                                     "--warmup", "0", "--key-file", str(tmp_path / "key_file.json")])
+        assert r.exit_code == 0, r.output
+        summary = json.loads(r.output)
+        assert summary["ok"] == 30 and summary["clients"] == 3
+        assert set(srv.auth_seen) == {"Bearer inf-key"}
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -103,6 +103,37 @@ def bench_report_command(
     typer.echo("  ".join(f"{k}: {v}" for k, v in paths.items()))
 
 
+def bench_load_command(
+    url: str = typer.Argument(..., help="Loopback URL, e.g. http://127.0.0.1:8080/predictions/bert-base"),
+    body_file: Optional[Path] = typer.Option(None, "--body", help="File whose bytes are POSTed [default: 'ping']"),
+    content_type: str = typer.Option("application/octet-stream", "--content-type"),
+    key_file: Optional[Path] = typer.Option(None, "--key-file", help="TorchServe key_file.json (inference key)"),
+    clients: int = typer.Option(1, "--clients", "-c", help="Closed loop: concurrent clients (B)"),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Open loop: Poisson arrivals per second"),
+    requests: int = typer.Option(200, "--requests", "-n", help="Measured requests"),
+    warmup: Optional[int] = typer.Option(None, "--warmup"),
+) -> None:
+    """Drive one endpoint: closed loop with --clients, or open loop (Poisson) with --rate."""
+    import json
+
+    from packrat.apply.keys import read_keys
+    from packrat.bench.loadgen import Target, closed_loop, open_loop
+
+    try:
+        token = read_keys(key_file.parent).inference.key if key_file else None
+        body = body_file.read_bytes() if body_file else b"ping"
+        target = Target(url, body, content_type, token)
+        if rate is not None:
+            res = open_loop(target, rate, requests, warmup)
+        else:
+            res = closed_loop(target, clients, requests, warmup)
+    except PackratError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(res.summary(), indent=2))
+
+
 def register(app: typer.Typer) -> None:
     app.command("bench")(bench_command)
     app.command("bench-report")(bench_report_command)
+    app.command("bench-load")(bench_load_command)
