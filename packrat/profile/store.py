@@ -95,6 +95,7 @@ def save_profile(profile: Profile, path: str | Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes it private; a profile is meant to be shared
         with os.fdopen(fd, "w") as f:
             json.dump(profile_to_dict(profile), f, indent=1)
             f.write("\n")
