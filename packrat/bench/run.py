@@ -98,7 +98,7 @@ def quick_settings(out: Path, **kw: Any) -> BenchSettings:
 def full_settings(out: Path, **kw: Any) -> BenchSettings:
     # ~40 min on 2 cores: 3 x (profile <= 2 min + ~12 swaps + ~24 measurements of <= 45 s)
     base = dict(models=FULL_MODELS, batches=FULL_BATCHES, out=out, mode="full", budget_s=40 * 60.0,
-                min_requests=40, rounds=5, max_point_s=45.0, profile_budget_s=120.0,
+                min_requests=40, rounds=5, max_point_s=45.0, profile_budget_s=150.0,
                 profile_point_budget_s=6.0)
     base.update(kw)
     return BenchSettings(**base)
