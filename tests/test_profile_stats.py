@@ -100,3 +100,22 @@ def test_bad_rule_is_rejected():
         StopRule(rel_ci=0)
     with pytest.raises(ValueError):
         StopRule(min_count=1)
+
+
+def test_batch_sizes_are_powers_of_two_plus_the_maximum():
+    from packrat.profile import batch_sizes
+
+    assert batch_sizes(32) == [1, 2, 4, 8, 16, 32]
+    assert batch_sizes(24) == [1, 2, 4, 8, 16, 24]
+    assert batch_sizes(1) == [1]
+
+
+def test_budget_is_shared_in_proportion_to_one_over_t():
+    from packrat.profile.runner import budget_share
+
+    # T=2, 180 s left before t=1: weights 1 and 1/2 -> t=1 gets 180 * 1 / 1.5 = 120 s
+    assert budget_share(180.0, 1, 2) == pytest.approx(120.0)
+    # the last thread count gets everything that is left
+    assert budget_share(75.0, 2, 2) == pytest.approx(75.0)
+    # T=4 before t=2: weights 1/2, 1/3, 1/4 -> 1/2 / (13/12) = 6/13 of the rest
+    assert budget_share(130.0, 2, 4) == pytest.approx(60.0)
