@@ -128,12 +128,49 @@ def run_plan(profile_path: Path, cores_text: str, batch_text: str, as_json: bool
     return _render_table(profile, shown, other, realizable, cover)
 
 
+def run_plan_modes(profile_paths: list[Path], cores_text: str, batch_text: str, as_json: bool,
+                   realizable: bool, cover: bool = False) -> str:
+    """`packrat plan` given several profiles (one per execution mode): each mode's
+    best plan, then the overall choice (lowest predicted latency; ties: first given)."""
+    from packrat.plan import load_profile, plans_per_mode
+
+    cores = _positive_int(cores_text, "--cores")
+    batch = _positive_int(batch_text, "--batch")
+    profiles = [load_profile(p) for p in profile_paths]
+    per_mode, best = plans_per_mode(profiles, cores, batch, realizable=realizable, cover=cover)
+    if as_json:
+        return json.dumps({
+            "cores": cores, "batch": batch,
+            "modes": [{"mode": m.mode, "profile": str(path), "model_id": m.profile.model_id,
+                       "plan": plan_to_dict(m.plan) if m.plan else None, "reason": m.reason}
+                      for m, path in zip(per_mode, profile_paths)],
+            "best": None if best is None else best.mode,
+        })
+    kind = "realisable" if realizable else "optimal, covering" if cover else "optimal"
+    lines = [f"load      batch {batch} on {cores} cores; best {kind} plan per execution mode", "",
+             f"  {'mode':<22} {'predicted_ms':>12} {'fat_ms':>9}  instances (threads x batch)"]
+    for m in per_mode:
+        if m.plan is None:
+            lines.append(f"  {m.mode:<22} {'-':>12} {'-':>9}  none: {' '.join(str(m.reason).split())}")
+            continue
+        fat = "-" if m.plan.fat_latency_ms is None else f"{m.plan.fat_latency_ms:.3f}"
+        shape = ", ".join(f"{i.threads}x{i.batch}" for i in m.plan.instances)
+        lines.append(f"  {m.mode:<22} {m.plan.predicted_latency_ms:>12.3f} {fat:>9}  {shape}")
+    lines.append("")
+    if best is None:
+        raise PlanError(f"no mode has a plan for batch {batch} on {cores} cores")
+    lines.append(f"choice    {best.mode}: {best.plan.predicted_latency_ms:.3f} ms predicted "
+                 f"({len(best.plan.instances)} instance(s))")
+    return "\n".join(lines)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_command(
-        profile: Path = typer.Option(..., "--profile", metavar="FILE",
-                                     help="profile JSON (packrat profile) or CSV with "
-                                          "threads,batch,latency_ms"),
+        profile: list[Path] = typer.Option(..., "--profile", metavar="FILE",
+                                           help="profile JSON (packrat profile) or CSV with "
+                                                "threads,batch,latency_ms; repeat it with one "
+                                                "profile per execution mode to choose the mode"),
         # Parsed here rather than by click so that bad values get one line, exit 2.
         cores: str = typer.Option(..., "--cores", metavar="T", help="cores to plan for"),
         batch: str = typer.Option(..., "--batch", metavar="B",
@@ -150,7 +187,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Choose thin instances (threads, batch) minimising latency for batch B on T cores."""
         try:
-            out = run_plan(profile, cores, batch, as_json, realizable, plot, cover)
+            if len(profile) > 1:
+                if plot is not None:
+                    raise PackratError("--plot takes a single --profile")
+                out = run_plan_modes(profile, cores, batch, as_json, realizable, cover)
+            else:
+                out = run_plan(profile[0], cores, batch, as_json, realizable, plot, cover)
         except PackratError as exc:
             message = " ".join(str(exc).split())  # one line, whatever the message held
             typer.echo(f"error: {message}", err=True)
