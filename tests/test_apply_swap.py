@@ -84,9 +84,10 @@ def test_ten_swaps_under_load_fail_no_request(served) -> None:
         for k in range(10):
             plan = THIN if k % 2 == 0 else FAT
             before = len(load.snapshot())
+            t_swap = time.monotonic()
             rec = swapper.apply(ECHO, plan)
             records.append(rec)
-            print(f"swap {k}: {rec.from_version}->{rec.to_version} {rec.duration_s}s {rec.phases_s}")
+            print(f"swap {k} at {t_swap:.1f}: {rec.from_version}->{rec.to_version} {rec.duration_s}s {rec.phases_s}")
             assert rec.outcome == "applied", rec
             assert client.describe(ECHO)["modelVersion"] == rec.to_version
             # Only the new version is loaded: the old one was drained and unregistered.

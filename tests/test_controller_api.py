@@ -244,3 +244,27 @@ def test_controller_killed_under_load_serving_continues(stack) -> None:
     assert not load.failures(), load.failures()[:3]
     assert (after["version"], after["plan"]) == (before["version"], before["plan"])
     assert after["last_swaps"] == before["last_swaps"]
+
+
+def test_restarted_controller_finishes_a_half_done_swap(stack) -> None:
+    """A controller killed mid-swap leaves a loaded non-default version and/or a
+    version dir nothing was registered from; the next one cleans both up."""
+    from packrat.apply import versions
+    from packrat.types import Instance, Plan
+
+    server, ctl, store = stack
+    client = server.management_client()
+    live = client.describe(MODEL)
+    ctl.kill()
+    plan = Plan(cores=2, batch=2, instances=(Instance(1, 1, 0.0),) * 2, predicted_latency_ms=0.0)
+    base = versions.load_version(store / live["modelUrl"]).base
+    half = versions.create_version(store, base, MODEL, plan, [0, 1])
+    client.register(half.url, MODEL, 2)  # registered, never made default
+    orphan = versions.create_version(store, base, MODEL, plan, [0, 1])  # never registered
+    assert sorted(d["modelVersion"] for d in client.describe_all(MODEL)) == sorted(
+        [live["modelVersion"], half.version])
+    ctl.start()
+    assert [d["modelVersion"] for d in client.describe_all(MODEL)] == [live["modelVersion"]]
+    assert not half.path.exists() and not orphan.path.exists()
+    st = ctl.get(f"/v1/models/{MODEL}/status").json()
+    assert st["version"] == live["modelVersion"] and st["other_versions"] == []

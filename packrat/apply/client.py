@@ -191,19 +191,27 @@ class ManagementClient:
         return self._request("GET", f"/models/{model}/all")
 
     def register(
-        self, url: str, model_name: str, initial_workers: int, *, timeout_s: float = 300.0
+        self,
+        url: str,
+        model_name: str,
+        initial_workers: int,
+        *,
+        synchronous: bool = False,
+        timeout_s: float = 300.0,
     ) -> Any:
         """Register a model directory by its name in the model store and start workers.
 
-        Synchronous: returns when every worker has loaded (TorchServe unregisters
-        the version itself if its workers fail to start). batch_size is not sent:
-        the version's model_config.yaml carries it.
+        Asynchronous by default: TorchServe 0.12 serves a synchronous register
+        on a Netty I/O thread that inference connections share, and blocks that
+        thread until every worker has loaded, so requests on those connections
+        stall for the whole worker start-up (measured: 85 s). The caller polls
+        describe() instead. batch_size is not sent: model_config.yaml carries it.
         """
         params = {
             "url": url,
             "model_name": model_name,
             "initial_workers": initial_workers,
-            "synchronous": "true",
+            "synchronous": "true" if synchronous else "false",
         }
         return self._request("POST", "/models", params, timeout=timeout_s)
 

@@ -1,6 +1,6 @@
 """Apply a plan to a running TorchServe by an active-passive version swap.
 
-    create version dir -> register + start N workers (synchronous)
+    create version dir -> register + start N workers (asynchronous call, then poll)
       -> wait: every worker READY, claimed its slot, pinned to the slot's cores
          with the slot's torch thread count (checked in /proc and the worker's status file)
       -> set-default (takes effect for the next request)
@@ -47,11 +47,20 @@ from packrat.types import Plan
 
 @dataclass(frozen=True)
 class SwapSettings:
-    register_timeout_s: float = 300.0  # cold workers load the model on busy cores
-    ready_timeout_s: float = 120.0  # READY and pinned, after the register call returned
+    register_timeout_s: float = 60.0  # the register call itself (workers start after it returns)
+    ready_timeout_s: float = 300.0  # all workers READY and pinned: cold workers load on busy cores
+    # A worker that TorchServe had to start this many times is failing, not slow.
+    max_worker_starts: int = 3
     drain_timeout_s: float = 120.0
     # An in-flight counter must read the same for this long before we trust it.
-    drain_quiet_s: float = 0.15
+    drain_quiet_s: float = 0.5
+    # Keep the old version for at least this long after set-default. A request
+    # that TorchServe routed to the old default just before set-default can be
+    # enqueued later if its Netty thread is preempted between picking the
+    # version and adding the job (ModelManager.addJob); once the version is
+    # unregistered, such a job waits forever. On a loaded 2-core box threads
+    # wait hundreds of ms for a CPU, so this grace is seconds, not microseconds.
+    min_drain_s: float = 2.0
     poll_s: float = 0.05
     max_batch_delay_ms: int = versions.DEFAULT_MAX_BATCH_DELAY_MS
 
@@ -287,6 +296,7 @@ class Swapper:
     def _wait_ready(self, model: str, vdir: VersionDir) -> None:
         deadline = self.clock() + self.settings.ready_timeout_s
         last: list[WorkerCheck] = []
+        pids_by_worker: dict[str, set[int]] = {}
         while self.clock() < deadline:
             d = self.client.describe(model, vdir.version)
             last = check_workers(d, vdir)
@@ -296,6 +306,16 @@ class Swapper:
             wrong = [c for c in last if c.ready and c.why and "no status" not in c.why]
             if wrong:
                 raise SwapError(f"workers of {model} {vdir.version} not as planned: {[c.why for c in wrong]}")
+            # TorchServe restarts a worker that dies while loading, forever (with back-off).
+            for w in d.get("workers", []):
+                if int(w.get("pid", -1)) > 0:
+                    pids_by_worker.setdefault(str(w.get("id")), set()).add(int(w["pid"]))
+            dying = {k: sorted(v) for k, v in pids_by_worker.items() if len(v) >= self.settings.max_worker_starts}
+            if dying:
+                raise SwapError(
+                    f"workers of {model} {vdir.version} keep dying while loading (worker id: pids {dying}); "
+                    "see TorchServe's model_log.log"
+                )
             time.sleep(self.settings.poll_s * 4)
         raise SwapError(
             f"workers of {model} {vdir.version} not READY and pinned after "
@@ -305,7 +325,8 @@ class Swapper:
     def _drain(self, model: str, version: str) -> None:
         """Return once `version` has an empty queue and no batch in flight, stably."""
         s = self.settings
-        deadline = self.clock() + s.drain_timeout_s
+        began = self.clock()
+        deadline = began + s.drain_timeout_s
         # A worker may hold jobs it took from the queue for up to maxBatchDelay while
         # it fills its batch; after that they are in flight and the counters see them.
         quiet_needed = s.drain_quiet_s
@@ -319,7 +340,7 @@ class Swapper:
             idle = pending == 0 and snapshot is not None and all(x[1] for x in snapshot)
             now = self.clock()
             if idle and snapshot == last_snapshot:
-                if quiet_since is not None and now - quiet_since >= quiet_needed:
+                if quiet_since is not None and now - quiet_since >= quiet_needed and now - began >= s.min_drain_s:
                     return
             else:
                 quiet_since = now if idle else None
