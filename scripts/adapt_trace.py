@@ -281,7 +281,7 @@ def render_md(tr: dict, rows: list[dict]) -> str:
         "polling describe until the workers are READY would avoid it (apply stage).",
         "",
         "The integration test `tests/test_observe_adapt.py` runs the same 1 → 8 → 2 steps and "
-        "asserts at most one swap per step, convergence within 45 s and no failed request.",
+        "asserts at most one swap per step, convergence within 55 s and no failed request.",
         "",
     ]
     return "\n".join(lines)
