@@ -197,6 +197,8 @@ def plot(tr: dict, path: Path) -> None:
 
 def render_md(tr: dict, rows: list[dict]) -> str:
     est, pol = tr["settings"]["estimator"], tr["settings"]["policy"]
+    t0 = tr["level_changes"][0][0]
+    worst = max(((e - s_, s_ - t0) for s_, e, _, _ in tr["requests"]), default=(0.0, 0.0))
     lines = [
         "# Adaptation: the re-plan loop through load steps",
         "",
@@ -270,15 +272,18 @@ def render_md(tr: dict, rows: list[dict]) -> str:
         "runs (the gaps in the concurrency dots); none could be taken then anyway.",
         "",
         "Latency during a swap: the median rises while the new version's workers start (they "
-        "share the two cores with the serving ones). The single ~13 s request at the first "
-        "swap is not the loop's doing: it was sent just before the register call and finished "
-        "the moment that call returned. TorchServe 0.12 answers `register ... synchronous=true` "
-        "by blocking on the workers' start-up inside a Netty event-loop thread "
-        "(ApiUtils.updateModelWorkers: `statusResponseCompletableFuture.get()`), and the "
-        "inference and management servers share that event-loop group (ModelServer: "
-        "`serverGroups.getChildGroup()` for both), so a client connection bound to the same "
-        "thread stalls for the whole registration. Registering with `synchronous=false` and "
-        "polling describe until the workers are READY would avoid it (apply stage).",
+        "share the two cores with the serving ones). Slowest request of the run: "
+        f"{worst[0]:.2f} s, sent at {worst[1]:.1f} s.",
+        "",
+        "An earlier run of this script showed one request stalled for 13 s across a swap: it "
+        "was sent just before the register call and finished the moment the call returned. "
+        "TorchServe 0.12 answers `register ... synchronous=true` by blocking on the workers' "
+        "start-up inside a Netty event-loop thread (ApiUtils.updateModelWorkers: "
+        "`statusResponseCompletableFuture.get()`), and the inference and management servers "
+        "share that event-loop group (ModelServer: `serverGroups.getChildGroup()` for both), "
+        "so a client connection bound to the same thread stalls for the whole registration. "
+        "The apply stage now registers asynchronously and polls until the workers are READY "
+        "(commit 71a7764); this trace was taken with that change.",
         "",
         "The integration test `tests/test_observe_adapt.py` runs the same 1 → 8 → 2 steps and "
         "asserts at most one swap per step, convergence within 55 s and no failed request.",
