@@ -106,6 +106,8 @@ def run_job(job: dict[str, Any], report: _Reporter) -> None:
         interop_threads=torch.get_num_interop_threads(),
         torch_version=torch.__version__,
         load_s=round(time.perf_counter() - t_load, 3),
+        # Execution mode: build (compile + warm-up) time, memory, accuracy-guard numbers.
+        mode=getattr(getattr(task, "runner", None), "summary", lambda: None)(),
     )
 
     scope = job["scope"]
