@@ -121,7 +121,10 @@ def test_estimate_must_hold_before_a_swap() -> None:
 def test_same_plan_and_initial_plan() -> None:
     d, _ = decide(STABLE8, ctx(10, est(8), THIN8, 80.0, THIN8))
     assert (d.swap, d.reason) == (False, "same-plan")
-    d, _ = decide(PolicyState(), ctx(10, est(8), None, None, THIN8))
+    # the first plan waits for B to hold too: first seen at 10 -> settling until 15
+    d, st = decide(PolicyState(), ctx(10, est(8), None, None, THIN8))
+    assert (d.swap, d.reason) == (False, "estimate-settling")
+    d, _ = decide(st, ctx(15, est(8), None, None, THIN8))
     assert (d.swap, d.reason, d.target) == (True, "no-active-plan", THIN8)
     d, _ = decide(STABLE8, ctx(10, est(8), FAT8, 100.0))
     assert (d.swap, d.reason) == (False, "no-plan")

@@ -13,7 +13,8 @@ Rules, in order (the first that applies gives the reason):
   warming-up          the estimator has no full window yet
   idle                no traffic: B says nothing about the next load
   no-plan             no candidate plan for the estimated B
-  no-active-plan      nothing applied yet -> swap (the initial plan)
+  no-active-plan      nothing applied yet -> swap (the initial plan), once B
+                      has held min_stable_s
   no-prediction       the active plan cannot be scored at this B
   same-plan           the best plan for B is the one running
   estimate-settling   B changed less than min_stable_s ago (a short spike
@@ -279,7 +280,12 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
     elif chosen is None:
         reason = "no-plan"
     elif cur is None:
-        swap, reason = True, "no-active-plan"
+        # The first plan, too, waits for B to hold: the first majority can
+        # form while the window still covers the quiet time before the load.
+        if stable_for < s.min_stable_s:
+            reason = "estimate-settling"
+        else:
+            swap, reason = True, "no-active-plan"
     elif cur_ms is None:
         reason = "no-prediction"
     elif same_shape(cur, chosen):
