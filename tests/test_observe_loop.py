@@ -137,6 +137,16 @@ def test_no_metrics_and_no_profile(tmp_path: Path) -> None:
     assert loop.decisions("sleepy", 1)[0]["reason"] == "no-plan"
 
 
+def test_load_beyond_the_profile_gets_the_largest_plan(tmp_path: Path) -> None:
+    # 64 clients; the profile stops at b=8 on 2 cores: plan for 2 x 8 = 16
+    d = Driver(tmp_path, new_loop())
+    plans = [d.tick(64) for _ in range(20)]
+    swaps = [p for p in plans if p is not None]
+    assert len(swaps) == 1 and swaps[0].batch == 16
+    assert same_shape(swaps[0], realizable_plan(PROFILE, 2, 16))
+    assert d.loop.decisions("sleepy", 1)[0]["estimated_batch"] == 64
+
+
 def test_unusable_profile_means_no_plan(tmp_path: Path) -> None:
     loop = new_loop()
     d = Driver(tmp_path, loop)

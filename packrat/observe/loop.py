@@ -206,9 +206,13 @@ class AdaptiveLoop:
         cands: tuple[Plan, ...] = ()
         current_ms = None
         if profile is not None:
-            cands = self.candidates(profile, ctx.cores, est.batch)
+            # Beyond cores x the largest profiled batch no plan takes the whole
+            # load at once; the plan for that many is the best there is (the
+            # rest queues whatever the plan), so plan and compare at that B.
+            plan_b = min(est.batch, ctx.cores * max(p.batch for p in profile.points))
+            cands = self.candidates(profile, ctx.cores, plan_b)
             if current is not None:
-                current_ms = plan_latency_at(profile, current, est.batch)
+                current_ms = plan_latency_at(profile, current, plan_b)
         if current is not None and current_ms is None and current.batch == est.batch:
             current_ms = current.predicted_latency_ms
 
