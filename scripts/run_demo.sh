@@ -45,6 +45,18 @@ INF=$("$PACKRAT" torchserve url inference --workdir "$WORKDIR")
 MGMT=$("$PACKRAT" torchserve url management --workdir "$WORKDIR")
 TOKEN=$("$PACKRAT" torchserve keys inference --workdir "$WORKDIR")
 MTOKEN=$("$PACKRAT" torchserve keys management --workdir "$WORKDIR")
+
+# The Packrat controller beside it: live plan swaps, REST API on 127.0.0.1:8085
+# (management token), see docs/live-plans.md. `make stop` stops it too.
+if [ -f .packrat/controller.pid ] && kill -0 "$(cat .packrat/controller.pid)" 2>/dev/null; then
+  echo "controller already running (pid $(cat .packrat/controller.pid))"
+else
+  nohup "$PACKRAT" controller --management-url "$MGMT" \
+    --metrics-url "$("$PACKRAT" torchserve url metrics --workdir "$WORKDIR")" \
+    --key-file "$WORKDIR/key_file.json" --model-store "$STORE" --state-dir .packrat \
+    > .packrat/controller.log 2>&1 &
+  echo $! > .packrat/controller.pid
+fi
 cat <<MSG
 
 TorchServe is running (workdir $WORKDIR, logs in $WORKDIR/logs). Try:
@@ -55,6 +67,8 @@ curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" --dat
 curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: image/jpeg" --data-binary @.packrat/demo.jpg $INF/predictions/resnet50
 curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/octet-stream" --data-binary "ping" $INF/predictions/noop
 curl -H "Authorization: Bearer $MTOKEN" $MGMT/models
+curl -H "Authorization: Bearer $MTOKEN" http://127.0.0.1:8085/v1/models/minilm/status
+curl -H "Authorization: Bearer $MTOKEN" -H "Content-Type: application/json" -d '{"instances": [{"threads": 1, "batch": 2}, {"threads": 1, "batch": 2}]}' http://127.0.0.1:8085/v1/models/minilm/apply
 
 Keys expire after 60 min: print fresh ones with  .venv/bin/packrat torchserve keys --workdir $WORKDIR
 Stop with:  make stop

@@ -1,15 +1,15 @@
 """Live swaps against a real TorchServe (token auth on) under continuous checked load.
 
-One TorchServe for the module, serving `swap-bert` (the tiny-bert archive)
-and `swap-echo` (the noop archive: answers with the request body) under other
-names in a private model store, so version dirs this module creates and
-deletes touch no other test's store.
+One TorchServe for the module, serving `swap-echo` (the noop archive: answers
+with the request body; its handler claims and pins slots like every Packrat
+handler) under its own name in a private model store, so version dirs this
+module creates and deletes touch no other test's store.
 
-The ten-swap test uses the echo model: what it tests is the swap (drain,
-pinning, slot claims), and a worker that imports transformers and loads a
+Why the echo model: what is tested is the swap (drain, pinning, slot claims,
+torch thread counts), and a worker that imports transformers and loads a
 model on one core shared with 8 busy clients takes ~20-70 s to start here,
 which would make ten swaps take 8 minutes. scripts/measure_swap.py measures
-swaps of the real model.
+swaps of a real model (all-MiniLM-L6-v2).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from packrat.types import Instance, Plan
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
-MODEL = "swap-bert"
 ECHO = "swap-echo"
 # 1 x (2 threads) and 2 x (1 thread), as the issue asks; batch caps differ per version.
 FAT = Plan(cores=2, batch=4, instances=(Instance(2, 4, 0.0),), predicted_latency_ms=0.0)
@@ -40,19 +39,17 @@ THIN = Plan(cores=2, batch=4, instances=(Instance(1, 2, 0.0), Instance(1, 2, 0.0
 @pytest.fixture(scope="module")
 def served(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
     store = tmp_path_factory.mktemp("swap-store")
-    (store / MODEL).symlink_to(tiny_store / "tiny-bert", target_is_directory=True)
     (store / ECHO).symlink_to(tiny_store / "noop", target_is_directory=True)
     server = start_torchserve(store, tmp_path_factory.mktemp("swap-ts"))
     try:
         client = server.management_client()
-        client.register(MODEL, MODEL, 1)
         client.register(ECHO, ECHO, 1)
         yield server, client, store
     finally:
         server.stop()
 
 
-def assert_as_planned(client, store: Path, model: str = MODEL) -> list:
+def assert_as_planned(client, store: Path, model: str = ECHO) -> list:
     d = client.describe(model)
     vdir = versions.load_version(store / d["modelUrl"])
     assert vdir is not None, f"default version {d['modelVersion']} is not a Packrat version"
@@ -175,10 +172,10 @@ def test_heterogeneous_threads_in_one_version(served) -> None:
     server, client, store = served
     plan = Plan(cores=3, batch=4, instances=(Instance(2, 2, 0.0), Instance(1, 2, 0.0)), predicted_latency_ms=0.0)
     swapper = Swapper(client, store, cores=[0, 1, 1])
-    rec = swapper.apply(MODEL, plan)
+    rec = swapper.apply(ECHO, plan)
     assert rec.outcome == "applied"
-    checks = assert_as_planned(client, store)
+    checks = assert_as_planned(client, store, ECHO)
     by_slot = {c.slot: c for c in checks}
     assert by_slot[0].cores == (0, 1) and by_slot[0].torch_threads == 2
     assert by_slot[1].cores == (1,) and by_slot[1].torch_threads == 1
-    assert client.describe(MODEL)["batchSize"] == 2
+    assert client.describe(ECHO)["batchSize"] == 2
