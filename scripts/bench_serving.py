@@ -58,9 +58,7 @@ class Case:
     requests: int  # timed requests (after warm-up)
 
 
-def cases(quick: bool) -> list[Case]:
-    scale = 0.2 if quick else 1.0
-
+def cases(scale: float) -> list[Case]:
     def n(x: int) -> int:
         return max(10, int(x * scale))
 
@@ -124,19 +122,19 @@ def main() -> None:
     ap.add_argument("--model-store", type=Path, default=REPO / "model-store")
     ap.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="multiply every request count (0.2 for a smoke run)")
     args = ap.parse_args()
 
-    todo = [c for c in cases(args.quick) if (args.model_store / c.model).is_dir()]
-    missing = [c.model for c in cases(args.quick) if c not in todo]
+    todo = [c for c in cases(args.scale) if (args.model_store / c.model).is_dir()]
+    missing = [c.model for c in cases(args.scale) if c not in todo]
     info = machine()
     rows = []
     with tempfile.TemporaryDirectory(prefix="packrat-bench-") as work:
         server = start_torchserve(args.model_store, Path(work))
         try:
-            client = server.management_client()
             for c in todo:
-                client.register(c.model, c.model, 1)
+                server.register(c.model)
             session = requests.Session()
             for c in todo:
                 url = f"{server.inference_url}/predictions/{c.model}"
@@ -177,7 +175,7 @@ def main() -> None:
         if missing:
             lines += [f"Not measured (no archive in the model store): {', '.join(missing)}", ""]
         lines += ["Command:", "", "```", ".venv/bin/python scripts/bench_serving.py "
-                  f"--out {args.out}" + (" --quick" if args.quick else ""), "```", ""]
+                  f"--out {args.out} --scale {args.scale}", "```", ""]
         args.out.write_text("\n".join(lines))
         print(f"wrote {args.out}")
 

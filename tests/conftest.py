@@ -2,8 +2,8 @@
 
 `tiny_store` builds every tiny archive into one temporary model store (seeded
 weights, local tokenizers, ~30 s). `torchserve` starts one TorchServe on free
-loopback ports per test module, token authorisation on, and stops it — also
-when a test fails — so modules share the JVM start-up cost.
+loopback ports for the session, token authorisation on, and stops it — also
+when tests fail; modules register the archives they need (ensure_registered).
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build_tiny_store(tmp_path_factory.mktemp("model-store"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def torchserve(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
+    # One server for every serving module: a JVM start and each worker's torch
+    # import cost seconds of CPU on 2 cores; tests only add models and requests.
     server: RunningServer = start_torchserve(tiny_store, tmp_path_factory.mktemp("torchserve"))
     try:
         yield server

@@ -12,12 +12,11 @@ from packrat.apply.server import RunningServer
 def ensure_registered(server: RunningServer, *names: str) -> None:
     """Register the archives not yet loaded, in parallel: each worker spends ~5-10 s
     importing torch/transformers, and TorchServe loads models concurrently."""
-    client = server.management_client()
-    loaded = {m["modelName"] for m in client.list_models()}
+    loaded = {m["modelName"] for m in server.management_client().list_models()}
     todo = [n for n in names if n not in loaded]
     if todo:
         with ThreadPoolExecutor(len(todo)) as pool:
-            for f in [pool.submit(client.register, n, n, 1) for n in todo]:
+            for f in [pool.submit(server.register, n) for n in todo]:
                 f.result()
 
 

@@ -9,14 +9,13 @@ import pytest
 import requests
 
 from packrat.apply.server import start_torchserve
+from serving_support import ensure_registered
 
 pytestmark = pytest.mark.torchserve
 
 
 def test_noop_and_tiny_bert_served_with_token(torchserve) -> None:
-    client = torchserve.management_client()
-    for name in ("noop", "tiny-bert"):
-        client.register(name, name, 1)
+    ensure_registered(torchserve, "noop", "tiny-bert")
     url = torchserve.inference_url
     headers = torchserve.inference_headers()
 
@@ -34,8 +33,7 @@ def test_noop_and_tiny_bert_served_with_token(torchserve) -> None:
 
 
 def test_request_without_or_with_wrong_token_is_refused(torchserve) -> None:
-    if not _registered(torchserve, "noop"):
-        torchserve.management_client().register("noop", "noop", 1)
+    ensure_registered(torchserve, "noop")
     url = f"{torchserve.inference_url}/predictions/noop"
     assert requests.post(url, data=b"x", timeout=30).status_code in (400, 401)
     bad = {"Authorization": "Bearer not-the-key"}
@@ -49,12 +47,6 @@ def test_request_without_or_with_wrong_token_is_refused(torchserve) -> None:
     assert requests.get(f"{torchserve.management_url}/models", timeout=30).status_code in (400, 401)
 
 
-def _registered(server, name: str) -> bool:
-    r = requests.get(f"{server.management_url}/models/{name}", headers=server.management_headers(),
-                     timeout=30)
-    return r.status_code == 200
-
-
 def test_stop_leaves_no_process_and_two_servers_coexist(tiny_store, tmp_path) -> None:
     a = start_torchserve(tiny_store, tmp_path / "a")
     try:
@@ -62,7 +54,7 @@ def test_stop_leaves_no_process_and_two_servers_coexist(tiny_store, tmp_path) ->
         try:
             assert a.ports != b.ports
             for s in (a, b):
-                s.management_client().register("noop", "noop", 1)
+                s.register("noop")
                 r = requests.post(f"{s.inference_url}/predictions/noop", data=b"x",
                                   headers=s.inference_headers(), timeout=60)
                 assert r.status_code == 200
@@ -107,8 +99,7 @@ def test_worker_claims_its_slot_before_serving(torchserve, tiny_store) -> None:
     core = max(os.sched_getaffinity(0))
     slots = {"plan_id": f"test-{uuid.uuid4().hex}", "slots": [{"cores": [core], "threads": 1}]}
     build_named("noop", tiny_store, "noop-pinned", ArchiveOptions(extra=slots), force=True)
-    torchserve.management_client().register("noop-pinned", "noop-pinned", 1)
-    pid = torchserve.management_client().describe("noop-pinned")["workers"][0]["pid"]
+    pid = torchserve.register("noop-pinned")[0]["pid"]
     assert os.sched_getaffinity(pid) == {core}
     r = requests.post(f"{torchserve.inference_url}/predictions/noop-pinned", data=b"x",
                       headers=torchserve.inference_headers(), timeout=60)

@@ -176,6 +176,32 @@ class RunningServer:
 
         return ManagementClient(self.management_url, self.key_file)
 
+    def register(self, name: str, workers: int = 1, timeout_s: float = 600.0) -> list[dict]:
+        """Register archive `name` from the model store and wait until `workers` are READY.
+
+        Asynchronous register + polling describe (a synchronous register blocks a
+        Netty thread that inference connections share, see ManagementClient.register).
+        Returns the workers (id, pid, status).
+        """
+        client = self.management_client()
+        client.register(name, name, workers, synchronous=False)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                found = client.describe(name).get("workers", [])
+            except TorchServeError:
+                found = []  # not visible yet
+            ready = [w for w in found if w.get("status") == "READY"]
+            if len(ready) >= workers:
+                return ready
+            if time.monotonic() > deadline or not self.is_running():
+                raise TorchServeError(
+                    "REGISTER", f"{self.management_url}/models?url={name}", 0,
+                    f"{len(ready)}/{workers} workers READY after {timeout_s:.0f}s: {found}\n"
+                    f"{self.log_tail()}",
+                )
+            time.sleep(0.3)
+
     def is_running(self) -> bool:
         if self._proc is not None:
             return self._proc.poll() is None

@@ -67,14 +67,14 @@ def register_models(
     """Register archives by name (synchronous: returns when their workers are up)."""
     from packrat.apply.server import RunningServer
 
-    client = RunningServer.attach(workdir).management_client()
-    loaded = {m["modelName"] for m in client.list_models()}
+    server = RunningServer.attach(workdir)
+    loaded = {m["modelName"] for m in server.management_client().list_models()}
     for name in names:
         if name in loaded:
             typer.echo(f"{name}: already registered")
             continue
         try:
-            client.register(name, name, workers)
+            server.register(name, workers)
         except PackratError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
