@@ -4,9 +4,9 @@ clients and the controller follows with the plan for each level.
 The model sleeps a table latency per batch (tests/data/observe/sleepmodel) and
 its profile is that table, so the expected plans are known and hold even on a
 machine busy with other work. Plans for 2 cores (packrat.plan.realizable_plan):
-    B=1: 1 worker  x (2 threads, cap 1)   45 ms
-    B=2: 2 workers x (1 thread,  cap 1)   60 ms
-    B=8: 2 workers x (1 thread,  cap 4)   96 ms
+    B=1: 1 worker  x (2 threads, cap 1)    90 ms
+    B=2: 2 workers x (1 thread,  cap 1)   120 ms
+    B=8: 2 workers x (1 thread,  cap 4)   192 ms
 """
 
 from __future__ import annotations

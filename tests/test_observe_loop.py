@@ -71,9 +71,9 @@ def test_steps_to_the_plan_for_the_new_batch(tmp_path: Path) -> None:
     decisions = [json.loads(x) for x in lines]
     assert len(decisions) == 30
     assert [x["reason"] for x in decisions if x["swap"]] == ["gain"]
-    # plan for 1 at B=8: 8 rounds of 45 ms = 360; plan for 8: 96 -> gain 360/96 - 1 = 2.75
+    # plan for 1 at B=8: 8 rounds of 90 ms = 720; plan for 8: L(1,4) = 192 -> gain 720/192 - 1 = 2.75
     swap = next(x for x in decisions if x["swap"])
-    assert swap["current_ms"] == 360.0 and swap["candidate_ms"] == 96.0
+    assert swap["current_ms"] == 720.0 and swap["candidate_ms"] == 192.0
     assert swap["predicted_gain"] == pytest.approx(2.75)
 
 
