@@ -76,3 +76,12 @@ def test_bench_load_cli_drives_a_loopback_server(tmp_path: Path) -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_measure_order_spreads_the_loads() -> None:
+    from packrat.bench.run import measure_order
+
+    # middle (index 3 of 6 -> 8), largest, smallest, then the rest from large to small
+    assert measure_order((1, 2, 4, 8, 16, 32)) == [8, 32, 1, 16, 4, 2]
+    assert measure_order((1, 4, 8)) == [4, 8, 1]
+    assert measure_order((2, 1)) == [2, 1]

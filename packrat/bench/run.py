@@ -5,12 +5,13 @@
     for each model:
         build its archive; take one sample request body from its handler
         profile it in isolation (nothing of ours is serving meanwhile)
-        register it as TorchServe would by default: T workers, torch's own
-            thread counts, batch 1 -> measure "defaults" at every B
-        for each B:
+        register it twice: as "<m>-defaults" the way TorchServe runs it untuned
+            (T workers, torch's own thread counts, batch 1), and as "<m>" for plans
+        for each B (middle, largest, smallest, then the rest):
             fat      1 worker, T threads, batch cap B       (applied as a plan)
             oracle   every other realisable uniform shape ⟨i, T/i, ⌈B/i⌉⟩
             packrat  the optimiser's realisable plan for B (live-plan swap)
+            defaults the idle "<m>-defaults" model
             -> each measured with B closed-loop clients
         unregister it
 
@@ -63,7 +64,6 @@ class BenchSettings:
     min_requests: int = 60
     rounds: int = 8  # measured requests per client
     warmup_rounds: int = 1
-    defaults_share: float = 0.3  # of a model's time after profiling, for the defaults at every B
     max_point_s: float = 60.0  # one measurement's wall-time bound
     profile_budget_s: float = 150.0  # per model
     profile_point_budget_s: float = 8.0
@@ -132,6 +132,21 @@ def candidate_plans(cores: int, batch: int, profile: Profile | None) -> list[Pla
     for i in range(1, min(cores, batch) + 1):
         out.append(uniform_plan(i, cores // i, math.ceil(batch / i), cores, batch, profile))
     return out
+
+
+def measure_order(batches: Sequence[int]) -> list[int]:
+    """The loads in the order they are measured: the middle one, the largest, the smallest,
+    then the rest from large to small.
+
+    A run cut short by its time budget keeps whole rows (all four configurations at
+    a B), spread over the range, with the large loads where thin instances matter
+    most coming early.
+    """
+    rest = sorted(set(batches))
+    if len(rest) <= 2:
+        return rest[::-1]
+    order = [rest[len(rest) // 2], rest[-1], rest[0]]
+    return order + [b for b in reversed(rest) if b not in order]
 
 
 def plan_shape(plan: Plan) -> tuple[tuple[int, int], ...]:
@@ -462,7 +477,7 @@ class Bench:
             shape = shape_label(inst)
             pred = predicted(plan)
         m = Measurement(
-            model=st.model, batch=batch, config=config, shape=shape, instances=inst, predicted_ms=pred,
+            model=st.model.removesuffix("-defaults"), batch=batch, config=config, shape=shape, instances=inst, predicted_ms=pred,
             load=res.summary(),
             extra={"loadavg_1m_before": round(load_before, 2), "requests": n, "warmup": warm, **(extra or {})},
         )
@@ -477,7 +492,7 @@ class Bench:
 
     # -- the loop ---------------------------------------------------------------------
     def steps_per_model(self) -> int:
-        return 1 + sum(1 + len(candidate_plans(self.s.T, b, None)) + 1 for b in self.s.batches)
+        return 1 + sum(2 + len(candidate_plans(self.s.T, b, None)) for b in self.s.batches)
 
     def run(self) -> Path:
         from tqdm import tqdm
@@ -522,37 +537,43 @@ class Bench:
         profile = self.profile(name, archive)
         bar.update(1)
         st = _State(model=name, base_url=archive.name)
+        # The defaults live beside the plans as a model of their own (same archive, another
+        # name), registered once and idle while the plans are measured: every B then gets
+        # all four configurations back to back, and a time cut loses whole B rows only.
+        dst = _State(model=f"{name}-defaults", base_url=archive.name)
         try:
-            bar.set_postfix_str(f"{name}: register defaults")
-            self.register_defaults(st)
-            # The defaults get their own share of the model's time, so a slow default
-            # configuration (batch 1 under B clients) cannot eat the plans' time.
-            defaults_deadline = time.monotonic() + self.s.defaults_share * max(0.0, model_deadline - time.monotonic())
-            for b in sorted(self.s.batches, reverse=True):
-                if time.monotonic() > defaults_deadline:
-                    self.note("skipped: time budget", model=name, batch=b, config="defaults")
-                    bar.update(1)
-                    continue
-                bar.set_postfix_str(f"{name} B={b} defaults")
-                self.measure(st, b, "defaults", None, self.target(name, body, ctype), deadline=defaults_deadline)
-                bar.update(1)
-            for b in sorted(self.s.batches, reverse=True):
+            bar.set_postfix_str(f"{name}: register")
+            self.register_defaults(dst)
+            # The plans' model starts from the plain archive with one worker; the first
+            # plan swaps it out.
+            self.client().register(st.base_url, st.model, 1)
+            st.registered = True
+            for b in measure_order(self.s.batches):
                 cands = candidate_plans(self.s.T, b, profile)
                 try:
                     pk = realizable_plan(profile, self.s.T, b)
                 except PackratError as exc:
                     self.note(f"no packrat plan: {exc}", model=name, batch=b)
                     pk = None
-                steps = [("fat", cands[0])] + [("oracle", p) for p in cands[1:]] + ([("packrat", pk)] if pk else [])
+                steps: list[tuple[str, Plan | None]] = (
+                    [("fat", cands[0])] + [("oracle", p) for p in cands[1:]] + ([("packrat", pk)] if pk else [])
+                )
                 # The packrat plan comes right after the candidate of the same shape when there
                 # is one, so it needs no swap of its own; it is still measured on its own.
                 if pk is not None:
                     same = [i for i, (_, p) in enumerate(steps[:-1]) if plan_shape(p) == plan_shape(pk)]
                     if same:
                         steps.insert(same[0] + 1, steps.pop())
+                steps.append(("defaults", None))
                 for config, plan in steps:
                     if time.monotonic() > model_deadline:
                         self.note("skipped: time budget", model=name, batch=b, config=config)
+                        bar.update(1)
+                        continue
+                    if plan is None:
+                        bar.set_postfix_str(f"{name} B={b} defaults")
+                        m = self.measure(dst, b, "defaults", None, self.target(dst.model, body, ctype),
+                                         deadline=model_deadline)
                         bar.update(1)
                         continue
                     bar.set_postfix_str(f"{name} B={b} {config} {shape_label(plan_shape(plan))}")
@@ -569,7 +590,8 @@ class Bench:
                         extra["fat_predicted_ms"] = pk.fat_latency_ms
                     self.measure(st, b, config, plan, self.target(name, body, ctype), extra, deadline=model_deadline)
                     bar.update(1)
-                bar.update(max(0, 1 + len(candidate_plans(self.s.T, b, None)) - len(steps)))
+                bar.update(max(0, 2 + len(candidate_plans(self.s.T, b, None)) - len(steps)))
         finally:
             bar.set_postfix_str(f"{name}: unregister")
             self.unregister_all(st)
+            self.unregister_all(dst)
