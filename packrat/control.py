@@ -28,7 +28,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,9 +144,9 @@ class Controller:
                 path = self.settings.model_store / d["modelUrl"]
                 if (path / versions.MANIFEST).exists() and versions.load_version(path) is not None:
                     # Left over by a killed swap: new-but-not-default, or old-not-yet-unregistered.
-                    self.swapper._drain(name, v)
+                    self.swapper.drain(name, v)
                     self.client.unregister(name, v)
-                    self.swapper._forget_dir(d["modelUrl"])
+                    self.swapper.retire_dir(d["modelUrl"])
                     cleaned.append(f"{name} {v}")
             # Version dirs of this model that nothing is registered from: a swap died before register.
             for path in self.settings.model_store.glob(f"{name}.p*"):
@@ -353,5 +353,3 @@ class Controller:
                 continue  # TorchServe busy or restarting: try again next tick
 
 
-def usable_cores(cores: Sequence[int] | None) -> list[int]:
-    return list(cores) if cores is not None else sorted(os.sched_getaffinity(0))

@@ -139,6 +139,9 @@ def main() -> int:
         "during_swaps": stats(during),
         "steady": steady,
         "all": stats(samples),
+        # Raw samples: start (s since the load began), latency (ms), ok; for plots and re-analysis.
+        "samples": [[round(x.start - t_begin, 3), round(x.latency_s * 1000, 2), x.ok] for x in samples],
+        "swap_windows": [[round(a - t_begin, 3), round(b - t_begin, 3)] for a, b in windows],
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "cpu": next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                                  if line.startswith("model name")), "?")},
@@ -149,13 +152,14 @@ def main() -> int:
 
     print(f"\nModel `{args.model}`, {args.clients} closed-loop clients, {result['machine']['cpu']}, "
           f"{result['when']}\n")
-    print("| swap | to | duration s | register s | ready s | drain s | unregister s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| swap | to | duration s | workers start (register + READY and pinned) s | drain s | unregister s |")
+    print("|---|---|---|---|---|---|")
     for i, r in enumerate(records, 1):
         p = r["phases_s"]
-        shape = "+".join(f"{x['threads']}t" for x in r["plan"]["instances"])
-        print(f"| {i} | {shape} | {r['duration_s']:.1f} | {p.get('register', 0):.1f} | {p.get('ready', 0):.2f} "
-              f"| {p.get('drain', 0):.2f} | {p.get('unregister', 0):.2f} |")
+        shape = " + ".join(f"{x['threads']}t" for x in r["plan"]["instances"])
+        start = p.get("register", 0) + p.get("ready", 0)
+        print(f"| {i} | {shape} | {r['duration_s']:.1f} | {start:.1f} | {p.get('drain', 0):.2f} "
+              f"| {p.get('unregister', 0):.2f} |")
     print("\n| window | requests | failed | p50 ms | p99 ms | max ms |")
     print("|---|---|---|---|---|---|")
     for label, s in [("steady 1x(2 threads)", steady["1x2"]), ("steady 2x(1 thread)", steady["2x1"]),

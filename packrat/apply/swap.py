@@ -268,7 +268,7 @@ class Swapper:
             self.client.set_default(model, vdir.version)
             defaulted = True
             phase("set_default")
-            self._drain(model, old_version)
+            self.drain(model, old_version)
             phase("drain")
         except (TorchServeError, SwapError, ConfigError) as exc:
             record.error = f"{type(exc).__name__}: {exc}"
@@ -286,7 +286,7 @@ class Swapper:
         except TorchServeError as exc:
             record.warnings.append(f"old version {old_version} not unregistered: {exc}")
         phase("unregister")
-        self._forget_dir(old_url)
+        self.retire_dir(old_url)
         record.outcome = "applied"
         record.duration_s = round(self.clock() - t0, 3)
         return record
@@ -322,7 +322,7 @@ class Swapper:
             f"{self.settings.ready_timeout_s:.0f}s: {[(c.pid, c.why) for c in last]}"
         )
 
-    def _drain(self, model: str, version: str) -> None:
+    def drain(self, model: str, version: str) -> None:
         """Return once `version` has an empty queue and no batch in flight, stably."""
         s = self.settings
         began = self.clock()
@@ -371,7 +371,7 @@ class Swapper:
         try:
             if defaulted:
                 self.client.set_default(model, old_version)
-                self._drain(model, vdir.version)
+                self.drain(model, vdir.version)
             if any(d.get("modelVersion") == vdir.version for d in self._describe_all(model)):
                 self.client.unregister(model, vdir.version)
         except (TorchServeError, SwapError) as exc:
@@ -387,7 +387,7 @@ class Swapper:
         except TorchServeError:
             return []
 
-    def _forget_dir(self, url: str) -> None:
+    def retire_dir(self, url: str) -> None:
         """Delete a retired Packrat version dir (never a base model dir) and its slot locks."""
         path = self.model_store / url
         if not (path / versions.MANIFEST).exists():
