@@ -159,6 +159,15 @@ def test_counter_reset_rebaselines_and_keeps_the_estimate() -> None:
     assert all(e.batch == 4 for e in est)
 
 
+def test_arrivals_without_answers_have_no_latency() -> None:
+    # a load starts: 5 requests arrived in the window, none answered yet
+    state = EstimatorState()
+    _, state = estimate(state, Observation(0.0, "m", 0.0, 0.0, 0.0))
+    est, _ = estimate(state, Observation(1.0, "m", 5.0, 0.0, 0.0))
+    # Δlat = 0 over Δreq = 5 is no latency of 0 ms: unknown
+    assert est.mean_latency_ms is None and est.mean_service_ms is None and not est.idle
+
+
 def test_repeated_reading_changes_nothing() -> None:
     f = Feed()
     f.run(2, 5)

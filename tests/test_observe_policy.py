@@ -35,9 +35,12 @@ THIN8 = plan(8, 4, 1, 2, 80.0)  # four workers, 1 thread each, cap 2
 
 
 def est(batch: int, t: float = 0.0, observed_ms: float | None = None, **kw) -> Estimate:
-    # a steady estimate: raw window, EWMA and majority all read `batch`
+    # a steady estimate: raw window, EWMA and majority all read `batch`,
+    # 100 requests over a 5 s window
     kw.setdefault("concurrency", float(batch))
     kw.setdefault("rounded", batch)
+    kw.setdefault("request_rate", 20.0)
+    kw.setdefault("span_s", 5.0)
     return Estimate(time_s=t, model="m", batch=batch, ready=kw.pop("ready", True),
                     mean_latency_ms=observed_ms, **kw)
 
@@ -146,6 +149,10 @@ def test_correction_learns_the_gap_after_settling() -> None:
     # a tick at another B than the plan's teaches nothing (prediction is for 8)
     _, s2 = decide(state, ctx(17, est(4, observed_ms=500.0), THIN8, 80.0, THIN8))
     assert s2.correction == state.correction
+    # nor does a window with too few requests (2 req/s · 4 s = 8 < 10)
+    _, s4 = decide(state, ctx(17, est(8, observed_ms=500.0, request_rate=2.0, span_s=4.0),
+                              THIN8, 80.0, THIN8))
+    assert s4.correction == state.correction
     # nor does a load step the smoothed B has not caught up with: B still reads 8
     # but the window says 12.5 (rounds to 16) and the latency is the new load's
     _, s3 = decide(state, ctx(18, est(8, observed_ms=400.0, concurrency=12.5, rounded=16),

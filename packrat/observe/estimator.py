@@ -167,8 +167,11 @@ def estimate(
         d_queue_us = obs.queue_latency_us_total - base.queue_latency_us_total
     concurrency = d_lat_us / 1e6 / span
     idle = d_req == 0 and d_lat_us == 0 and not obs.pending_requests
-    mean_latency_ms = d_lat_us / d_req / 1000.0 if d_req > 0 else None
-    mean_queue_ms = d_queue_us / d_req / 1000.0 if (d_req > 0 and d_queue_us is not None) else None
+    # Arrivals are counted when they come in, latency when they finish: a window
+    # at the start of a load can hold arrivals and no finished request yet.
+    answered = d_req > 0 and d_lat_us > 0
+    mean_latency_ms = d_lat_us / d_req / 1000.0 if answered else None
+    mean_queue_ms = d_queue_us / d_req / 1000.0 if (answered and d_queue_us is not None) else None
 
     # An idle window feeds 0 into the EWMA: the estimate decays towards 1 and
     # stays there (round_pow2 clamps at 1); the policy refuses to swap on idle.

@@ -68,6 +68,8 @@ class PolicySettings:
     # Observed latency is trusted for the correction only this long after the
     # active plan came in (warm-up, queues left over from the swap).
     settle_s: float = 15.0
+    # A window teaches the correction only with at least this many requests.
+    min_requests: float = 10.0
     # EWMA weight of each new observed/predicted ratio.
     correction_alpha: float = 0.3
     # Ratios outside [1/max_ratio, max_ratio] are clamped: a stall or a
@@ -240,8 +242,9 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
     # and how long requests wait for an instance depends on arrivals, not on
     # how fast instances run side by side.
     observed = est.mean_service_ms if est.mean_service_ms is not None else est.mean_latency_ms
+    enough = (est.request_rate or 0.0) * (est.span_s or 0.0) >= s.min_requests
     if (cur is not None and not ctx.swap_in_progress and est.ready and not est.idle
-            and observed is not None and steady and settled
+            and observed is not None and observed > 0 and steady and settled and enough
             and cur.predicted_latency_ms > 0):
         ratio = observed / cur.predicted_latency_ms
         corr = update_correction(corr, ratio, len(cur.instances), s)
