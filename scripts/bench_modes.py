@@ -1,0 +1,391 @@
+#!/usr/bin/env python
+"""Execution modes side by side, in one run (issue 7).
+
+Per model (resnet50, bert-base at sequence length 128, gpt2 with 16 new
+tokens) and batch B:
+
+  1. in-process: every Packrat mode (packrat_handler.load_task with
+     packrat.precision/runtime set; forward() only = the model path), with
+     all usable cores as threads;
+  2. the peers' floor: ONNX Runtime and OpenVINO called directly on the same
+     tensors with their own best settings (ORT: all graph optimisations,
+     intra-op = cores; OpenVINO: LATENCY hint with its default precision,
+     which is bf16 on a CPU with avx512_bf16, and f32 explicitly);
+  3. through TorchServe: the best in-process mode of the model, archived by
+     `packrat archive` and served with the two realisable shapes on this
+     machine's cores (fat: 1 worker x all threads, batch cap B; thin: one
+     pinned 1-thread worker per core, batch cap B / cores), B closed-loop
+     clients; p50 request latency ~ time to finish a batch.
+
+Then DistilBERT, 8-token input, batch 1, one client: p50 through TorchServe
+for the fastest modes (target <= 4 ms).
+
+Every measurement is appended to a JSONL file the moment it lands
+(--out, default bench-out/modes.jsonl); --report renders the markdown table
+from that file only. Timings on a shared 2-core machine are noisy: read the
+ratios within one run.
+
+    python scripts/bench_modes.py --out bench-out/modes.jsonl
+    python scripts/bench_modes.py --report bench-out/modes.jsonl > section.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "handlers"))
+
+MODES = {
+    "resnet50": ["fp32-eager", "fp32-torchscript", "bf16-eager", "bf16-torchscript", "int8-torchscript",
+                 "fp32-onnxruntime", "fp32-openvino", "bf16-openvino"],
+    "bert-base": ["fp32-eager", "fp32-torchscript", "bf16-eager", "bf16-torchscript", "int8-eager",
+                  "int8-torchscript", "fp32-onnxruntime", "int8-onnxruntime", "fp32-openvino",
+                  "bf16-openvino", "int8-openvino"],
+    "gpt2": ["fp32-eager", "bf16-eager", "int8-eager"],
+}
+# Tiny stand-ins exercise the script quickly (same code path).
+MODES.update({"tiny-resnet": MODES["resnet50"], "tiny-bert": MODES["bert-base"], "tiny-gpt2": MODES["gpt2"]})
+PEERS = ("onnxruntime-fp32", "onnxruntime-int8", "openvino-default", "openvino-f32")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Results:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def add(self, **row) -> None:
+        row["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        log(json.dumps({k: v for k, v in row.items() if k not in ("guard", "build")}))
+
+
+def time_calls(fn, budget_s: float, min_reps: int = 3, max_reps: int = 20) -> dict:
+    """One warm-up call, then repeats until budget_s or max_reps (at least min_reps)."""
+    fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < budget_s):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return {"p50_ms": round(statistics.median(times), 3), "min_ms": round(min(times), 3),
+            "reps": len(times)}
+
+
+def build_archive(model: str, store: Path, name: str, **options) -> Path:
+    from packrat.archive import ArchiveOptions, build_named
+
+    return build_named(model, store, name, ArchiveOptions(**options), force=True)
+
+
+def load_mode(archive: Path, mode: str, relax_guard: bool = False):
+    import packrat_handler
+
+    config = yaml.safe_load((archive / "model_config.yaml").read_text())
+    precision, runtime = mode.split("-")
+    config["packrat"].update(precision=precision, runtime=runtime)
+    if relax_guard:  # measure speed only; the refusal is recorded beside it
+        config["packrat"]["guard"] = {"min_top1_agreement": 0, "max_prob_diff": 1, "min_cosine": -1,
+                                      "min_exact_fraction": 0}
+    return packrat_handler.load_task(str(archive), config)
+
+
+def bench_in_process(model: str, archive: Path, batches: list[int], budget_s: float, results: Results,
+                     run: str, only: list[str] | None) -> dict[tuple[str, int], float]:
+    from packrat_tasks.guard import AccuracyGuardError
+    from packrat_tasks.precision import PrecisionError
+
+    best: dict[tuple[str, int], float] = {}
+    for mode in MODES[model]:
+        if only and mode not in only:
+            continue
+        refused = None
+        try:
+            task = load_mode(archive, mode)
+        except AccuracyGuardError as exc:
+            refused = exc.report.as_dict()
+            log(f"{model} {mode}: {exc}")
+            task = load_mode(archive, mode, relax_guard=True)
+        except (PrecisionError, ImportError, RuntimeError, ValueError) as exc:
+            results.add(run=run, kind="mode", model=model, mode=mode, error=str(exc))
+            continue
+        summary = task.runner.summary()
+        for b in batches:
+            batch = task.preprocess(task.sample_requests(b))
+            stats = time_calls(lambda: task.forward(batch), budget_s)
+            results.add(run=run, kind="mode", model=model, mode=mode, batch=b, threads=summary["threads"],
+                        servable=refused is None, guard=refused or summary["guard"],
+                        build={k: summary[k] for k in ("build_s", "rss_mb", "rss_delta_mb", "peak_rss_mb")},
+                        **stats)
+            if refused is None:
+                best[(mode, b)] = stats["p50_ms"]
+        del task
+        gc.collect()
+    return best
+
+
+def bench_peers(model: str, archive: Path, batches: list[int], budget_s: float, results: Results,
+                run: str) -> None:
+    """ONNX Runtime and OpenVINO called directly (no Packrat code on the call path)."""
+    import onnxruntime as ort
+    import openvino as ov
+    import torch
+
+    from packrat_tasks.runtime import export_onnx
+
+    task = load_mode(archive, "fp32-eager")
+    wrapped = _module_of(task)
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory(prefix="bench-onnx-") as tmp:
+        example = _tensors(task, task.preprocess(task.sample_requests(2)))
+        paths = {"fp32": export_onnx(wrapped, example, tmp, "fp32")}
+        paths["int8"] = export_onnx(wrapped, example, tmp, "int8")
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        core = ov.Core()
+        peers = {
+            "onnxruntime-fp32": ort.InferenceSession(paths["fp32"], so, providers=["CPUExecutionProvider"]),
+            "onnxruntime-int8": ort.InferenceSession(paths["int8"], so, providers=["CPUExecutionProvider"]),
+            "openvino-default": core.compile_model(paths["fp32"], "CPU", {"PERFORMANCE_HINT": "LATENCY"}),
+            "openvino-f32": core.compile_model(paths["fp32"], "CPU", {"PERFORMANCE_HINT": "LATENCY",
+                                                                      "INFERENCE_PRECISION_HINT": "f32"}),
+        }
+        precision_default = str(peers["openvino-default"].get_property("INFERENCE_PRECISION_HINT"))
+        for b in batches:
+            feeds = [t.contiguous().numpy() for t in _tensors(task, task.preprocess(task.sample_requests(b)))]
+            for name, peer in peers.items():
+                if name.startswith("onnxruntime"):
+                    names = [i.name for i in peer.get_inputs()]
+                    fn = lambda peer=peer, names=names: peer.run(None, dict(zip(names, feeds)))  # noqa: E731
+                else:
+                    request = peer.create_infer_request()
+                    fn = lambda request=request: request.infer(feeds)  # noqa: E731
+                stats = time_calls(fn, budget_s)
+                extra = {"openvino_precision": precision_default} if name == "openvino-default" else {}
+                results.add(run=run, kind="peer", model=model, mode=name, batch=b, threads=threads,
+                            **extra, **stats)
+
+
+def _module_of(task):
+    """The task's nn.Module wrapper (eager runner's closure holds it)."""
+    for cell in task.runner.fn.__closure__ or ():
+        if hasattr(cell.cell_contents, "forward") and hasattr(cell.cell_contents, "eval"):
+            return cell.cell_contents
+    raise RuntimeError("eager module not found")
+
+
+def _tensors(task, batch) -> tuple:
+    if "pixel_values" in batch.inputs:
+        return (batch.inputs["pixel_values"],)
+    return (batch.inputs["input_ids"], batch.inputs["attention_mask"])
+
+
+def _body(model: str) -> tuple[bytes, str]:
+    if "resnet" in model:
+        from packrat_tasks.image import sample_jpeg
+
+        return sample_jpeg(), "image/jpeg"
+    if "gpt2" in model:
+        from packrat_tasks.generation import SAMPLE_PROMPT
+
+        return json.dumps({"text": SAMPLE_PROMPT, "max_new_tokens": 16}).encode(), "application/json"
+    return None, "text/plain"  # filled from the archive's tokenizer
+
+
+def bench_torchserve(model: str, mode: str, batches: list[int], results: Results, run: str,
+                     workdir: Path, requests_per_b: int, body: bytes | None = None,
+                     ctype: str = "text/plain", shapes=("fat", "thin"), max_length: int | None = None,
+                     label: str = "torchserve") -> None:
+    from packrat.apply.server import start_torchserve
+    from packrat.bench.loadgen import Target, closed_loop
+
+    cores = sorted(os.sched_getaffinity(0))
+    store = workdir / "store"
+    precision, runtime = mode.split("-")
+    if body is None:
+        archive = build_archive(model, store, f"{model}-probe", max_length=max_length)
+        task = load_mode(archive, "fp32-eager")
+        n = max_length or 128
+        from packrat_tasks.text import sample_text
+
+        body = sample_text(task.tokenizer, n).encode()
+        del task
+    names = []
+    for b in batches:
+        for shape in shapes:
+            if shape == "thin" and (b < len(cores) or len(cores) < 2):
+                continue
+            name = f"{model}-{mode}-{shape}-b{b}"
+            extra = {}
+            if shape == "thin":
+                extra = {"plan_id": f"bench-{name}-{os.getpid()}",
+                         "slots": [{"cores": [c], "threads": 1} for c in cores]}
+            else:
+                extra = {"plan_id": f"bench-{name}-{os.getpid()}",
+                         "slots": [{"cores": cores, "threads": len(cores)}]}
+            if "gpt2" in model:
+                extra.update(max_new_tokens_cap=16)
+            build_archive(model, store, name, precision=precision, runtime=runtime,
+                          batch_size=b if shape == "fat" else max(1, b // len(cores)),
+                          max_batch_delay_ms=5 if b > 1 else 0,
+                          workers=1 if shape == "fat" else len(cores), max_length=max_length, extra=extra)
+            names.append((name, b, shape))
+    server = start_torchserve(store, workdir / "ts")
+    try:
+        client = server.management_client()
+        token = server.inference_headers()["Authorization"].split(" ", 1)[1]
+        for name, b, shape in names:
+            client.register(name, name, 1 if shape == "fat" else len(cores), timeout_s=900)
+            target = Target(url=f"{server.inference_url}/predictions/{name}", body=body,
+                            content_type=ctype, token=token)
+            res = closed_loop(target, clients=b, requests_count=max(requests_per_b, 2 * b),
+                              warmup=2 * b, max_duration_s=300)
+            results.add(run=run, kind=label, model=model, mode=mode, batch=b, shape=shape,
+                        **{k: v for k, v in res.summary().items() if k != "mode"})
+            client.unregister(name, "1.0")
+    finally:
+        server.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="resnet50,bert-base,gpt2")
+    parser.add_argument("--batches", default="1,4,8,16")
+    parser.add_argument("--budget", type=float, default=3.0, help="seconds of timed calls per point")
+    parser.add_argument("--modes", default=None, help="comma list: only these in-process modes")
+    parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--no-torchserve", action="store_true")
+    parser.add_argument("--no-distilbert", action="store_true")
+    parser.add_argument("--requests", type=int, default=24, help="measured requests per TorchServe point")
+    parser.add_argument("--out", type=Path, default=Path("bench-out/modes.jsonl"))
+    parser.add_argument("--report", type=Path, default=None, help="render markdown from a JSONL file")
+    args = parser.parse_args()
+    if args.report:
+        print(render(args.report))
+        return 0
+    import torch
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    results = Results(args.out)
+    run = time.strftime("%Y%m%dT%H%M%S")
+    batches = [int(b) for b in args.batches.split(",")]
+    only = args.modes.split(",") if args.modes else None
+    results.add(run=run, kind="machine", cpu=_cpu(), cores=len(os.sched_getaffinity(0)),
+                torch=torch.__version__, load_avg=os.getloadavg())
+    with tempfile.TemporaryDirectory(prefix="bench-modes-") as tmp:
+        tmp = Path(tmp)
+        for model in args.models.split(","):
+            archive = build_archive(model, tmp / "store", model)
+            best = bench_in_process(model, archive, batches, args.budget, results, run, only)
+            if not args.no_peers and "gpt2" not in model:
+                bench_peers(model, archive, batches, args.budget, results, run)
+            if not args.no_torchserve and best:
+                # The mode with the lowest in-process latency summed over B.
+                totals: dict[str, float] = {}
+                for (mode, b), ms in best.items():
+                    totals[mode] = totals.get(mode, 0.0) + ms / b
+                choice = min(totals, key=totals.get)
+                log(f"{model}: best in-process mode {choice}; through TorchServe")
+                body, ctype = _body(model)
+                bench_torchserve(model, choice, batches, results, run, tmp / f"ts-{model}",
+                                 args.requests, body, ctype)
+        if not args.no_distilbert:
+            for mode in ("fp32-eager", "fp32-onnxruntime", "fp32-openvino", "bf16-openvino",
+                         "int8-openvino"):
+                bench_torchserve("distilbert", mode, [1], results, run, tmp / f"ts-distil-{mode}", 200,
+                                 shapes=("fat",), max_length=8, label="distilbert-seq8")
+    return 0
+
+
+def _cpu() -> str:
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def render(path: Path) -> str:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    run = rows[-1]["run"]
+    rows = [r for r in rows if r.get("run") == run]
+    machine = next((r for r in rows if r["kind"] == "machine"), {})
+    out = [f"Run {run}: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')}, "
+           f"load average at start {machine.get('load_avg')}.", ""]
+    for model in dict.fromkeys(r["model"] for r in rows if r.get("model")):
+        mrows = [r for r in rows if r.get("model") == model and r["kind"] in ("mode", "peer")]
+        if not mrows:
+            continue
+        batches = sorted({r["batch"] for r in mrows if "batch" in r})
+        out.append(f"### {model}: p50 ms to finish a batch of B (in-process: forward only)")
+        out.append("")
+        out.append("| path | " + " | ".join(f"B={b}" for b in batches) + " | build s | RSS MiB | guard |")
+        out.append("|---|" + "---|" * (len(batches) + 3))
+        for key in dict.fromkeys((r["kind"], r["mode"]) for r in mrows):
+            cells = {r["batch"]: r for r in mrows if (r["kind"], r["mode"]) == key and "batch" in r}
+            err = next((r["error"] for r in mrows if (r["kind"], r["mode"]) == key and "error" in r), None)
+            label = ("Packrat " if key[0] == "mode" else "peer ") + key[1]
+            if err:
+                out.append(f"| {label} | " + " | ".join("–" for _ in batches) + f" | | | refused: {err[:90]} |")
+                continue
+            any_row = next(iter(cells.values()))
+            build = any_row.get("build") or {}
+            guard = any_row.get("guard")
+            gtext = "" if key[0] == "peer" else ("reference" if guard is None else
+                                                 ("pass" if any_row.get("servable") else "**REFUSED**"))
+            if guard and key[0] == "mode":
+                m = guard["metrics"]
+                gtext += " (" + ", ".join(f"{k} {v:.4g}" for k, v in m.items()
+                                          if isinstance(v, float) and k in (
+                                              "max_prob_diff", "logit_cosine", "min_cosine", "exact_fraction")) + ")"
+            if key[1] == "openvino-default":
+                gtext = f"precision {any_row.get('openvino_precision')}"
+            out.append(f"| {label} | " + " | ".join(
+                f"{cells[b]['p50_ms']:.1f}" if b in cells else "–" for b in batches)
+                + f" | {build.get('build_s', '')} | {build.get('rss_mb', '')} | {gtext} |")
+        ts = [r for r in rows if r.get("model") == model and r["kind"] == "torchserve"]
+        if ts:
+            out.append("")
+            out.append(f"Through TorchServe ({ts[0]['mode']}, B closed-loop clients, token auth on): "
+                       "p50 / p99 request latency ms")
+            out.append("")
+            out.append("| shape | " + " | ".join(f"B={b}" for b in batches) + " |")
+            out.append("|---|" + "---|" * len(batches))
+            for shape in ("fat", "thin"):
+                cells = {r["batch"]: r for r in ts if r["shape"] == shape}
+                if cells:
+                    out.append(f"| {shape} | " + " | ".join(
+                        f"{cells[b]['p50_ms']:.1f} / {cells[b]['p99_ms']:.1f}" if b in cells and cells[b].get("p50_ms")
+                        else "–" for b in batches) + " |")
+        out.append("")
+    distil = [r for r in rows if r["kind"] == "distilbert-seq8"]
+    if distil:
+        out.append("### DistilBERT, 8-token input, batch 1, one client, through TorchServe")
+        out.append("")
+        out.append("| mode | p50 ms | p95 ms | p99 ms | requests |")
+        out.append("|---|---|---|---|---|")
+        for r in distil:
+            out.append(f"| {r['mode']} | {r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | {r['ok']} |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
