@@ -75,7 +75,14 @@ def test_controller_adapts_by_default(tmp_path: Path) -> None:
         # switch the loop off over REST; decisions say so from the next tick
         r = requests.put(f"{api}/v1/models/{MODEL}/adapt", json={"enabled": False}, headers=mgmt, timeout=10)
         assert r.status_code == 200 and r.json()["enabled"] is False
-        time.sleep(2.5)
+        # the next tick says so (the tick that swapped may still be finishing the swap)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            last = requests.get(f"{api}/v1/models/{MODEL}/adapt?last=1", headers=mgmt, timeout=10).json()
+            if last["decisions"] and last["decisions"][-1]["reason"] == "disabled":
+                break
+            time.sleep(0.5)
+        time.sleep(1.5)  # let the decision log's line land too
         load.stop()
         records = load.join(timeout_s=60)
         status = requests.get(f"{api}/v1/models/{MODEL}/status", headers=mgmt, timeout=30).json()
