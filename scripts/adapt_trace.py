@@ -199,6 +199,8 @@ def render_md(tr: dict, rows: list[dict]) -> str:
     est, pol = tr["settings"]["estimator"], tr["settings"]["policy"]
     t0 = tr["level_changes"][0][0]
     worst = max(((e - s_, s_ - t0) for s_, e, _, _ in tr["requests"]), default=(0.0, 0.0))
+    gaps = [d["latency_gap"] for d in tr["decisions"] if d.get("latency_gap") is not None]
+    corr = tr["decisions"][-1]["correction"] if tr["decisions"] else {}
     lines = [
         "# Adaptation: the re-plan loop through load steps",
         "",
@@ -266,7 +268,7 @@ def render_md(tr: dict, rows: list[dict]) -> str:
         "- p50 before/after: client latency of requests sent before / after the new plan "
         "started serving in that step.",
         "",
-        "Where the time goes: ≈ 7–8 s to read a new B (window + EWMA + majority), 5 s hold, "
+        "Where the time goes: ≈ 7–9 s to read a new B (window + EWMA + majority), 5 s hold, "
         "then the swap itself (worker start-up with torch import on a busy 2-core machine). "
         "The controller applies a swap inside its tick, so no decisions are logged while a swap "
         "runs (the gaps in the concurrency dots); none could be taken then anyway.",
@@ -274,6 +276,12 @@ def render_md(tr: dict, rows: list[dict]) -> str:
         "Latency during a swap: the median rises while the new version's workers start (they "
         "share the two cores with the serving ones). Slowest request of the run: "
         f"{worst[0]:.2f} s, sent at {worst[1]:.1f} s.",
+        "",
+        f"Measured gap (observed service time / profile - 1) of the last plan: "
+        f"{gaps[-1] if gaps else float('nan'):.3f}; correction at the end: base "
+        f"{corr.get('base', 1.0):.3f}, per co-running worker {corr.get('per_corunner', 0.0):+.3f} "
+        "(the sleep model has no contention: what remains is TorchServe's and Python's own "
+        "time per request).",
         "",
         "An earlier run of this script showed one request stalled for 13 s across a swap: it "
         "was sent just before the register call and finished the moment the call returned. "
