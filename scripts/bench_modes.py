@@ -71,6 +71,7 @@ class Results:
 
     def add(self, **row) -> None:
         row["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        row["load_avg_1m"] = round(os.getloadavg()[0], 2)  # the machine is shared: say how busy
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         log(json.dumps({k: v for k, v in row.items() if k not in ("guard", "build")}))
@@ -274,6 +275,7 @@ def main() -> int:
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--no-torchserve", action="store_true")
     parser.add_argument("--no-distilbert", action="store_true")
+    parser.add_argument("--distil-modes", default="fp32-eager,fp32-onnxruntime,bf16-openvino,int8-openvino")
     parser.add_argument("--requests", type=int, default=24, help="measured requests per TorchServe point")
     parser.add_argument("--out", type=Path, default=Path("bench-out/modes.jsonl"))
     parser.add_argument("--report", type=Path, default=None, help="render markdown from a JSONL file")
@@ -281,8 +283,12 @@ def main() -> int:
     if args.report:
         print(render(args.report))
         return 0
+    import signal
+
     import torch
 
+    # SIGTERM -> SystemExit, so the finally blocks stop the TorchServe instances started here.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     results = Results(args.out)
     run = time.strftime("%Y%m%dT%H%M%S")
@@ -292,7 +298,11 @@ def main() -> int:
                 torch=torch.__version__, load_avg=os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="bench-modes-") as tmp:
         tmp = Path(tmp)
-        for model in args.models.split(","):
+        if not args.no_distilbert:
+            for mode in args.distil_modes.split(","):
+                bench_torchserve("distilbert", mode, [1], results, run, tmp / f"ts-distil-{mode}", 100,
+                                 shapes=("fat",), max_length=8, label="distilbert-seq8")
+        for model in [m for m in args.models.split(",") if m]:
             archive = build_archive(model, tmp / "store", model)
             best = bench_in_process(model, archive, batches, args.budget, results, run, only)
             if not args.no_peers and "gpt2" not in model:
@@ -307,11 +317,6 @@ def main() -> int:
                 body, ctype = _body(model)
                 bench_torchserve(model, choice, batches, results, run, tmp / f"ts-{model}",
                                  args.requests, body, ctype)
-        if not args.no_distilbert:
-            for mode in ("fp32-eager", "fp32-onnxruntime", "fp32-openvino", "bf16-openvino",
-                         "int8-openvino"):
-                bench_torchserve("distilbert", mode, [1], results, run, tmp / f"ts-distil-{mode}", 200,
-                                 shapes=("fat",), max_length=8, label="distilbert-seq8")
     return 0
 
 

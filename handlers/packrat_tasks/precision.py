@@ -6,7 +6,8 @@
           inference precision. Refused where the CPU has no native bf16
           (avx512_bf16 or AMX): there bf16 is emulated and slower than fp32.
     int8  torch: dynamic quantisation of every nn.Linear (int8 weights, int8
-          activations quantised per batch; convolutions stay fp32);
+          activations quantised per batch; convolutions stay fp32; GPT-2's
+          Conv1D projections are first swapped for equivalent Linears);
           ONNX Runtime / OpenVINO: ONNX Runtime's dynamic int8 quantisation
           of the exported graph (MatMul/Gemm), which both runtimes execute.
 
@@ -88,15 +89,37 @@ def quantize_int8(module):
     torch.ao.quantization is deprecated in favour of torchao (not installed here)
     but still works in torch 2.13; its deprecation warning is silenced.
     """
+    import copy
     import warnings
 
     import torch
 
+    module = _conv1d_to_linear(copy.deepcopy(module))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.ao.quantization.quantize_dynamic(
-            module, {torch.nn.Linear}, dtype=torch.qint8, inplace=False
+            module, {torch.nn.Linear}, dtype=torch.qint8, inplace=True
         )
+
+
+def _conv1d_to_linear(module):
+    """GPT-2's projections are transformers' Conv1D (y = x @ W + b, W of shape in x out),
+    which quantize_dynamic does not know; swap each for the equivalent nn.Linear (W.T)
+    so int8 reaches them, not only the LM head."""
+    import torch
+
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child).__name__ == "Conv1D" and getattr(child, "weight", None) is not None \
+                    and child.weight.dim() == 2:
+                n_in, n_out = child.weight.shape
+                linear = torch.nn.Linear(n_in, n_out, bias=child.bias is not None)
+                with torch.no_grad():
+                    linear.weight.copy_(child.weight.t())
+                    if child.bias is not None:
+                        linear.bias.copy_(child.bias)
+                setattr(parent, name, linear)
+    return module
 
 
 def prepare_torch(module, precision: str):
