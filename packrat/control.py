@@ -259,7 +259,8 @@ class Controller:
             "version": st.version,
             "url": st.url,
             "plan": versions.plan_to_dict(st.plan) if st.plan else None,
-            "predicted_latency_ms": st.plan.predicted_latency_ms if st.plan else None,
+            # 0 means "not predicted" (an explicit plan applied without a profile).
+            "predicted_latency_ms": (st.plan.predicted_latency_ms or None) if st.plan else None,
             "observed": self.observed_latency(model),
             "workers": list(st.workers),
             "other_versions": list(st.other_versions),

@@ -1,5 +1,6 @@
 """ManagementClient: every error answer becomes TorchServeError(method, url, status, body),
-and an expired management key is refreshed and the call retried once.
+and a rejected or expired management key is refreshed through TorchServe's
+token API (with the API key) and the call retried once.
 
 Statuses a real TorchServe gives on demand (400, 404, 405, 409) are provoked
 on a real one; those it gives only under faults (408, 500, 503, 507) come from
@@ -9,6 +10,7 @@ a loopback HTTP server answering in TorchServe's error format.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,26 +19,13 @@ from pathlib import Path
 import pytest
 
 from packrat.apply.client import ManagementClient, read_key_file
-from packrat.apply.server import start_torchserve
 from packrat.errors import TorchServeError
 
 
-@pytest.fixture(scope="module")
-def short_token_server(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
-    # Keys that expire after 3 s, so expiry and refresh happen inside the test.
-    server = start_torchserve(
-        tiny_store, tmp_path_factory.mktemp("client-ts"), extra_properties={"token_expiration_min": "0.05"}
-    )
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.mark.torchserve
-def test_real_torchserve_errors_are_translated(short_token_server) -> None:
-    c = ManagementClient(short_token_server.management_url, short_token_server.key_file)
-    base = short_token_server.management_url
+def test_real_torchserve_errors_are_translated(torchserve) -> None:
+    c = ManagementClient(torchserve.management_url, torchserve.key_file)
+    base = torchserve.management_url
     cases = [
         (lambda: c.describe("no-such-model"), "GET", f"{base}/models/no-such-model", 404),
         (lambda: c.register("", "x", 1), "POST", f"{base}/models", 404),  # "empty url"
@@ -54,21 +43,44 @@ def test_real_torchserve_errors_are_translated(short_token_server) -> None:
     c.unregister("noop", "1.0")
 
 
+def _rewrite(key_file: Path, data: dict) -> None:
+    key_file.write_text(json.dumps(data))
+    # A different mtime, so the client notices even within the file system's time resolution.
+    st = key_file.stat()
+    os.utime(key_file, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+
 @pytest.mark.torchserve
-def test_expired_management_key_is_refreshed_and_retried(short_token_server) -> None:
-    key_file = short_token_server.key_file
-    old = read_key_file(key_file).management.key
-    time.sleep(4)  # the 3-second key has expired
-    # Reactive path: no early refresh, so the first answer is TorchServe's token error.
-    reactive = ManagementClient(short_token_server.management_url, key_file, expiry_margin_s=-1e9)
-    assert isinstance(reactive.list_models(), list)
-    new = read_key_file(key_file).management.key
-    assert new != old  # TorchServe issued a new key and rewrote its key file
-    time.sleep(4)
-    # Proactive path: the client sees the stated expiry and refreshes before calling.
-    proactive = ManagementClient(short_token_server.management_url, key_file)
-    assert isinstance(proactive.list_models(), list)
-    assert read_key_file(key_file).management.key != new
+def test_rejected_key_is_refreshed_and_the_call_retried(torchserve) -> None:
+    """TorchServe 0.12 answers a wrong and an expired key alike (HTTP 400, "Token
+    Authorization failed"). Here the key the client holds was rotated away by
+    someone else and the file still shows it (a stale file)."""
+    key_file = torchserve.key_file
+    stale = json.loads(key_file.read_text())
+    client = ManagementClient(torchserve.management_url, key_file)
+    assert isinstance(client.list_models(), list)
+    other = ManagementClient(torchserve.management_url, key_file)
+    other.refresh_management_key()  # TorchServe now has another management key
+    rotated = read_key_file(key_file).management.key
+    assert rotated != stale["management"]["key"]
+    _rewrite(key_file, stale)  # ... but the file shows the old one again
+    assert isinstance(client.list_models(), list)  # 400 -> refresh via the API key -> retry -> 200
+    fresh = read_key_file(key_file).management.key
+    assert fresh not in (stale["management"]["key"], rotated)
+
+
+@pytest.mark.torchserve
+def test_key_past_its_expiry_is_refreshed_before_the_call(torchserve) -> None:
+    key_file = torchserve.key_file
+    data = json.loads(key_file.read_text())
+    before = data["management"]["key"]
+    data["management"]["expiration time"] = "2020-01-01T00:00:00Z"  # as TorchServe writes it
+    _rewrite(key_file, data)
+    client = ManagementClient(torchserve.management_url, key_file)
+    assert isinstance(client.list_models(), list)
+    after = read_key_file(key_file)
+    assert after.management.key != before
+    assert after.management.expires is not None and after.management.expires.timestamp() > time.time()
 
 
 class _Faults(BaseHTTPRequestHandler):
