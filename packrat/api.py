@@ -226,6 +226,8 @@ def create_app(controller: Controller) -> FastAPI:
         else:
             assert req.batch is not None
             the_plan = compute(model, req.batch, None)
+        if controller.swap_busy():
+            raise HTTPException(409, "a swap is already running; try again when it is done")
         record = controller.apply(model, the_plan)
         return {"swap": record.to_dict(), "plan": _plan_out(the_plan)}
 

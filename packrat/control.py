@@ -271,6 +271,9 @@ class Controller:
         }
 
     # -- acting -------------------------------------------------------------------
+    def swap_busy(self) -> bool:
+        return self._swap_lock.locked()
+
     def apply(self, model: str, plan: Plan) -> SwapRecord:
         """Swap `model` to `plan` (one swap at a time); the attempt is recorded whatever happens."""
         if not self._swap_lock.acquire(blocking=False):
