@@ -11,6 +11,8 @@ that file only (`--from-trace` re-renders without running anything).
 
     python scripts/adapt_trace.py                  # run (~3 min) and render
     python scripts/adapt_trace.py --from-trace     # render the saved trace again
+    python scripts/adapt_trace.py --model-dir STORE/minilm --profile minilm.json \
+        --body-file text.txt --out adaptation-minilm    # a real archive instead
 """
 
 from __future__ import annotations
@@ -26,43 +28,53 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SLEEP_MODEL = ROOT / "tests" / "data" / "observe" / "sleepmodel"
 DOCS = ROOT / "docs"
-TRACE = DOCS / "adaptation-trace.json"
-PNG = DOCS / "adaptation.png"
-MD = DOCS / "adaptation.md"
 MODEL = "sleepy"
 
 
-def run(steps_spec: str, min_dwell_s: float) -> dict:
-    from packrat.observe.loop import adapt_settings
+def run(steps_spec: str, min_dwell_s: float, model_dir: Path | None = None,
+        profile_path: Path | None = None, body: bytes = b"x") -> dict:
     from packrat.bench.adapt_rig import Rig, sleep_table, table_profile
     from packrat.bench.stepload import Step, StepLoad
-    from packrat.plan import realizable_plan
+    from packrat.observe.loop import adapt_settings
+    from packrat.plan import load_profile, realizable_plan
 
     steps = [Step(int(c), float(d)) for c, d in (s.split(":") for s in steps_spec.split(","))]
-    profile = table_profile(MODEL, sleep_table(SLEEP_MODEL))
+    if model_dir is None:
+        name, base, kind = MODEL, SLEEP_MODEL, "sleep"
+        profile = table_profile(MODEL, sleep_table(SLEEP_MODEL))
+    else:
+        # A real archive and a profile measured on this machine (packrat profile).
+        name, base, kind = model_dir.name, model_dir, "archive"
+        profile = load_profile(profile_path)
     settings = adapt_settings(min_dwell_s=min_dwell_s)
     with tempfile.TemporaryDirectory(prefix="packrat-adapt-trace-") as tmp:
-        rig = Rig(store=Path(tmp) / "store", workdir=Path(tmp), model=MODEL,
-                  base_dir=SLEEP_MODEL, profile=profile, settings=settings)
+        rig = Rig(store=Path(tmp) / "store", workdir=Path(tmp), model=name,
+                  base_dir=base, profile=profile, settings=settings)
         with rig:
             rig.apply(realizable_plan(profile, 2, steps[0].clients or 1))
             rig.start_loop(sample_every_s=0.5)
-            load = StepLoad(f"{rig.server.inference_url}/predictions/{MODEL}", steps,
-                            headers=rig.server.inference_headers, clock=time.time).start()
+            load = StepLoad(f"{rig.server.inference_url}/predictions/{name}", steps,
+                            headers=rig.server.inference_headers, body=body,
+                            clock=time.time).start()
             records = load.join(timeout_s=sum(s.duration_s for s in steps) + 120)
             time.sleep(1.0)
-            swaps = rig.controller.history(MODEL, last=100)
+            swaps = rig.controller.history(name, last=100)
             decisions = [d for d in rig.decision_log if "reason" in d]
             samples = [asdict(s) for s in rig.samples]
     plans = {str(b): [[i.threads, i.batch] for i in realizable_plan(profile, 2, b).instances]
              for b in sorted({s.clients for s in steps if s.clients})}
+    table: dict[str, dict[str, float]] = {}
+    for p in sorted(profile.points, key=lambda p: (p.threads, p.batch)):
+        table.setdefault(str(p.threads), {})[str(p.batch)] = round(p.mean_ms, 1)
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": {"name": name, "kind": kind, "dir": str(base.relative_to(ROOT))
+                  if base.is_relative_to(ROOT) else base.name,
+                  "fingerprint": asdict(profile.fingerprint) if profile.fingerprint else None},
         "steps": [asdict(s) for s in steps],
         "settings": {"estimator": asdict(settings.estimator), "policy": asdict(settings.policy),
                      "tick_s": 1.0},
-        "profile_ms": {str(t): {str(b): ms for b, ms in row.items()}
-                       for t, row in sleep_table(SLEEP_MODEL).items()},
+        "profile_ms": table,
         "optimiser_plans": plans,
         "level_changes": load.level_changes,
         "requests": [[round(r.start_s, 4), round(r.end_s, 4), r.status, r.level] for r in records],
@@ -190,12 +202,28 @@ def plot(tr: dict, path: Path) -> None:
     a3.set_ylabel("latency [ms, log]")
     a3.set_xlabel("time since the load started [s]")
     a3.legend(loc="upper right", fontsize=8)
-    fig.suptitle("Packrat re-plan loop through load steps (table-latency model, 2 cores, tick 1 s)")
+    m = tr.get("model") or {"kind": "sleep"}
+    what = "table-latency model" if m["kind"] == "sleep" else m["name"]
+    fig.suptitle(f"Packrat re-plan loop through load steps ({what}, 2 cores, tick 1 s)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
-def render_md(tr: dict, rows: list[dict]) -> str:
+def model_line(tr: dict) -> str:
+    m = tr.get("model") or {"kind": "sleep"}
+    if m["kind"] == "sleep":
+        return ("- Model: `tests/data/observe/sleepmodel`, whose handler claims and pins its "
+                "Packrat slot and then *sleeps* L(threads, batch) ms per batch; its profile is that "
+                "same table, so the plans the loop should reach are known exactly and a busy machine "
+                "does not bend them. What the trace shows is the loop (estimate, decision, swap), "
+                "not model speed-ups. Profile (ms):")
+    return (f"- Model: `{m['name']}` (a real archive, served by the Packrat handler), with a "
+            "profile measured by `packrat profile` on this machine just before the run "
+            f"(fingerprint {m.get('fingerprint')}). Timings on a shared 2-core machine are "
+            "noisy; compare within the run only. Profile (mean ms):")
+
+
+def render_md(tr: dict, rows: list[dict], stem: str) -> str:
     est, pol = tr["settings"]["estimator"], tr["settings"]["policy"]
     t0 = tr["level_changes"][0][0]
     worst = max(((e - s_, s_ - t0) for s_, e, _, _ in tr["requests"]), default=(0.0, 0.0))
@@ -205,18 +233,15 @@ def render_md(tr: dict, rows: list[dict]) -> str:
         "# Adaptation: the re-plan loop through load steps",
         "",
         f"Generated by `scripts/adapt_trace.py` on {tr['created']} (trace data: "
-        "`docs/adaptation-trace.json`; the figure and this page are rendered from it only).",
+        f"`docs/{stem}-trace.json`; the figure and this page are rendered from it only).",
         "",
-        "![adaptation trace](adaptation.png)",
+        f"![adaptation trace]({stem}.png)",
         "",
         "## Setup",
         "",
         "- A private TorchServe 0.12 (token auth on, loopback) on this 2-core machine, "
         "shared with other work while the trace ran.",
-        "- Model: `tests/data/observe/sleepmodel`, whose handler claims and pins its Packrat slot "
-        "and then *sleeps* L(threads, batch) ms per batch; its profile is that same table, so the "
-        "plans the loop should reach are known exactly and a busy machine does not bend them. "
-        "What the trace shows is the loop (estimate, decision, swap), not model speed-ups.",
+        model_line(tr),
         "",
         "  | threads | " + " | ".join(f"b={b}" for b in tr["profile_ms"]["1"]) + " |",
         "  |---|" + "---|" * len(tr["profile_ms"]["1"]),
@@ -304,15 +329,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", default="1:30,8:60,2:60", help="clients:seconds,...")
     ap.add_argument("--min-dwell", type=float, default=20.0)
+    ap.add_argument("--model-dir", type=Path, default=None,
+                    help="a Packrat archive directory to trace instead of the sleep model")
+    ap.add_argument("--profile", type=Path, default=None, help="its profile (with --model-dir)")
+    ap.add_argument("--body-file", type=Path, default=None, help="request body (with --model-dir)")
+    ap.add_argument("--out", default="adaptation", help="docs/<out>.png, .md, -trace.json")
     ap.add_argument("--from-trace", action="store_true", help="render docs from the saved trace only")
     args = ap.parse_args()
+    if (args.model_dir is None) != (args.profile is None):
+        ap.error("--model-dir and --profile go together")
+    trace, png, md = DOCS / f"{args.out}-trace.json", DOCS / f"{args.out}.png", DOCS / f"{args.out}.md"
     if not args.from_trace:
-        tr = run(args.steps, args.min_dwell)
-        TRACE.write_text(json.dumps(tr, separators=(",", ":")) + "\n")
-    tr = json.loads(TRACE.read_text())
+        body = args.body_file.read_bytes() if args.body_file else b"x"
+        tr = run(args.steps, args.min_dwell, args.model_dir, args.profile, body)
+        trace.write_text(json.dumps(tr, separators=(",", ":")) + "\n")
+    tr = json.loads(trace.read_text())
     rows = analyse(tr)
-    plot(tr, PNG)
-    MD.write_text(render_md(tr, rows))
+    plot(tr, png)
+    md.write_text(render_md(tr, rows, args.out))
     for r in rows:
         print(r)
 
