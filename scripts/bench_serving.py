@@ -144,6 +144,7 @@ def main() -> None:
                       f"mean {res['mean']:8.2f} ms  {res['rps']:8.1f} req/s  (n={res['n']})", flush=True)
         finally:
             server.stop()
+    info["load average at end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
 
     if args.out:
         lines = [
@@ -163,6 +164,8 @@ def main() -> None:
             "",
             *[f"- {k}: {v}" for k, v in info.items()],
             "- note: development machines are shared with other jobs; numbers are noisy.",
+            "  A load average far above the core count means the server got a small",
+            "  share of the CPU: absolute times are then inflated several-fold.",
             "",
             "## Results",
             "",
