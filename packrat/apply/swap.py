@@ -196,6 +196,12 @@ def check_workers(described: dict[str, Any], vdir: VersionDir) -> list[WorkerChe
     return checks
 
 
+def _forget_worker_status(pids: list[int]) -> None:
+    """Delete the status files of workers that are gone (they would pile up otherwise)."""
+    for pid in pids:
+        slots.worker_status_path(pid).unlink(missing_ok=True)
+
+
 # -- the swap ------------------------------------------------------------------
 
 
@@ -282,7 +288,9 @@ class Swapper:
             raise err from exc
         # Past the point of no return: the new version serves. Clean-up failures are warnings.
         try:
+            old_pids = worker_pids(self.client.describe(model, old_version))
             self.client.unregister(model, old_version)
+            _forget_worker_status(old_pids)
         except TorchServeError as exc:
             record.warnings.append(f"old version {old_version} not unregistered: {exc}")
         phase("unregister")
@@ -373,7 +381,9 @@ class Swapper:
                 self.client.set_default(model, old_version)
                 self.drain(model, vdir.version)
             if any(d.get("modelVersion") == vdir.version for d in self._describe_all(model)):
+                new_pids = worker_pids(self.client.describe(model, vdir.version))
                 self.client.unregister(model, vdir.version)
+                _forget_worker_status(new_pids)
         except (TorchServeError, SwapError) as exc:
             record.warnings.append(f"rollback incomplete: {exc}")
             return "failed"
