@@ -64,7 +64,9 @@ def register_models(
     workdir: Path = WORKDIR,
     workers: int = typer.Option(1, help="initial workers per model"),
 ) -> None:
-    """Register archives by name (synchronous: returns when their workers are up)."""
+    """Register archives by name; returns when their workers are READY."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from packrat.apply.server import RunningServer
 
     server = RunningServer.attach(workdir)
@@ -72,13 +74,22 @@ def register_models(
     for name in names:
         if name in loaded:
             typer.echo(f"{name}: already registered")
-            continue
-        try:
-            server.register(name, workers)
-        except PackratError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
-        typer.echo(f"{name}: registered")
+    todo = [n for n in names if n not in loaded]
+    if not todo:
+        return
+    # In parallel: each worker spends seconds importing torch; TorchServe loads concurrently.
+    with ThreadPoolExecutor(len(todo)) as pool:
+        futures = {name: pool.submit(server.register, name, workers) for name in todo}
+        failed = False
+        for name, future in futures.items():
+            try:
+                future.result()
+                typer.echo(f"{name}: registered")
+            except PackratError as exc:
+                typer.echo(f"error: {name}: {exc}", err=True)
+                failed = True
+    if failed:
+        raise typer.Exit(1)
 
 
 @ts_app.command("keys")
