@@ -100,7 +100,7 @@ def guard_requests(task: Any, th: dict[str, float]) -> list[dict]:
     """th["samples"] fixed, varied request items for a task (what both paths are compared on)."""
     n = int(th["samples"])
     if task.name in ("text-classification", "feature-extraction"):
-        texts = [GUARD_TEXTS[i % len(GUARD_TEXTS)] for i in range(n)]
+        texts = [_fit(task, GUARD_TEXTS[i % len(GUARD_TEXTS)]) for i in range(n)]
         return [{"body": t.encode("utf-8")} for t in texts]
     if task.name == "image-classification":
         from packrat_tasks.image import sample_jpeg
@@ -115,6 +115,14 @@ def guard_requests(task: Any, th: dict[str, float]) -> list[dict]:
         return [{"body": json.dumps({"text": p, "max_new_tokens": new}).encode("utf-8")}
                 for p in prompts]
     raise ValueError(f"no guard inputs for task {task.name!r}")
+
+
+def _fit(task: Any, text: str) -> str:
+    """The longest word prefix of `text` the task accepts (archives may have a short max_length)."""
+    words = text.split()
+    while len(words) > 1 and len(task.tokenizer(" ".join(words)).input_ids) > task.max_length:
+        words.pop()
+    return " ".join(words)
 
 
 def _fmt(ok: bool) -> str:

@@ -162,6 +162,8 @@ def build_runner(task, module, example_inputs: tuple, config: dict[str, Any], ki
     if mode != "fp32-eager":
         # Reference first: some modes change the module in place (channels-last).
         batch = task.preprocess(guard.guard_requests(task, th))
+        if not batch.valid:
+            raise ValueError(f"accuracy guard: the task refused all its guard inputs: {batch.errors}")
         task.runner = eager_reference(module)
         reference = task.forward(batch).outputs.detach().clone()
     task.runner = runner = make_runner(module, example_inputs, config)
