@@ -346,7 +346,11 @@ def main() -> None:
     tr = json.loads(trace.read_text())
     rows = analyse(tr)
     plot(tr, png)
-    md.write_text(render_md(tr, rows, args.out))
+    text = render_md(tr, rows, args.out)
+    notes = DOCS / f"{args.out}.notes.md"  # hand-written observations on a saved run, if any
+    if notes.exists():
+        text += "\n## Notes on this run\n\n" + notes.read_text()
+    md.write_text(text)
     for r in rows:
         print(r)
 
