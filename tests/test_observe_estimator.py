@@ -159,6 +159,23 @@ def test_counter_reset_rebaselines_and_keeps_the_estimate() -> None:
     assert all(e.batch == 4 for e in est)
 
 
+def test_window_stretches_for_slow_requests() -> None:
+    # 8 requests of 3 s each in flight: 8/3 req/s, 8e6 µs of latency per s
+    state, t, req, lat = EstimatorState(), 0.0, 0.0, 0.0
+    spans = []
+    for _ in range(20):
+        est, state = estimate(state, Observation(t, "m", req, lat, 0.0))
+        spans.append(est.span_s)
+        t, req, lat = t + 1.0, req + 8 / 3, lat + 8e6
+    # mean latency 8e6 / (8/3) µs = 3000 ms -> window max(5 s, 4 · 3 s) = 12 s
+    assert state.latency_ms == pytest.approx(3000.0)
+    # (the base is the newest 1 s tick at or before now - 12 s: span 12, or 13
+    # when float rounding puts the window a hair above 12)
+    assert 12.0 <= spans[-1] <= 13.0
+    assert est.concurrency == pytest.approx(8.0) and est.batch == 8
+    # fast requests keep the 5 s window (4 · 0.1 s < 5 s): see test_steady_load
+
+
 def test_arrivals_without_answers_have_no_latency() -> None:
     # a load starts: 5 requests arrived in the window, none answered yet
     state = EstimatorState()

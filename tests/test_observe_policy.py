@@ -221,5 +221,5 @@ def test_decision_json_and_state_round_trip() -> None:
     assert back["reason"] == "gain" and back["target"]["workers"] == [[1, 2]] * 4
     assert policy_state_from_json(json.loads(json.dumps(policy_state_to_json(st)))) == st
     es = EstimatorState(samples=(Observation(1.0, "m", 2.0, 3.0, 0.5, None),), ewma=2.5,
-                        recent=(2, 4), batch=2, resets=1, voted=True)
+                        recent=(2, 4), batch=2, resets=1, voted=True, latency_ms=12.5)
     assert estimator_state_from_json(json.loads(json.dumps(estimator_state_to_json(es)))) == es

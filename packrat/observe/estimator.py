@@ -49,6 +49,13 @@ class EstimatorSettings:
     # B moves to a value only when it is the majority of this many rounded
     # estimates (ticks, 1 s each in the controller); else the previous B holds.
     mode_k: int = 5
+    # The window stretches to this many mean request latencies when requests
+    # are slow: a request's whole latency lands in the window it finishes in,
+    # so a backlog of multi-second requests finishing inside a short window
+    # overstates the concurrency (seen with MiniLM on a busy machine: 2
+    # clients read as 13 right after a step down from 8). Capped at max_window_s.
+    latency_windows: float = 4.0
+    max_window_s: float = 60.0
     # First estimate only once the window spans at least this much time.
     min_span_s: float = 1.0
     # Clamp of the estimate; plans beyond the profile make no sense.
@@ -64,6 +71,7 @@ class EstimatorState:
     batch: int = 1  # current smoothed estimate
     resets: int = 0  # counter resets seen (TorchServe restarts)
     voted: bool = False  # a majority has formed at least once (batch comes from data)
+    latency_ms: float | None = None  # last known mean request latency (sizes the window)
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,14 @@ def majority(values: tuple[int, ...], k: int, previous: int) -> int:
     return previous if value is None else value
 
 
+def window_for(latency_ms: float | None, settings: EstimatorSettings) -> float:
+    """window_s, or latency_windows mean latencies if that is longer (capped)."""
+    if latency_ms is None:
+        return settings.window_s
+    stretched = settings.latency_windows * latency_ms / 1000.0
+    return min(max(settings.window_s, stretched), max(settings.max_window_s, settings.window_s))
+
+
 def _went_backwards(prev: Observation, obs: Observation) -> bool:
     if obs.requests_total < prev.requests_total or obs.latency_us_total < prev.latency_us_total:
         return True
@@ -150,9 +166,10 @@ def estimate(
             return replace(hold, reset=True), new
 
     # Keep the newest sample at or before (now - window) as the base, so the
-    # window spans at least window_s once enough history exists.
+    # window spans at least the window once enough history exists.
     samples = state.samples + (obs,)
-    horizon = obs.time_s - settings.window_s
+    window = window_for(state.latency_ms, settings)
+    horizon = obs.time_s - window
     while len(samples) >= 2 and samples[1].time_s <= horizon:
         samples = samples[1:]
     base = samples[0]
@@ -190,4 +207,5 @@ def estimate(
         mean_queue_ms=mean_queue_ms, span_s=span, idle=idle,
     )
     return est, replace(state, samples=samples, ewma=ewma, recent=recent, batch=batch,
-                        voted=voted)
+                        voted=voted,
+                        latency_ms=mean_latency_ms if mean_latency_ms is not None else state.latency_ms)

@@ -24,6 +24,7 @@ def estimator_state_from_json(d: dict[str, Any]) -> EstimatorState:
         batch=int(d.get("batch", 1)),
         resets=int(d.get("resets", 0)),
         voted=bool(d.get("voted", False)),
+        latency_ms=d.get("latency_ms"),
     )
 
 
