@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from packrat.observe.loop import adapt_settings
+from packrat.observe.loop import AdaptSettings
+from packrat.observe.policy import PolicySettings
 from packrat.observe.predict import same_shape
 from packrat.bench.adapt_rig import Rig, sleep_table, table_profile
 from packrat.bench.stepload import Step, StepLoad
@@ -32,6 +33,11 @@ MODEL = "sleepy"
 # importing torch on a 2-core machine that may be busy), with margin.
 STEPS = [Step(1, 20.0), Step(8, 65.0), Step(2, 65.0)]
 CONVERGE_WITHIN_S = 55.0
+# The contention correction is measured and reported but not used to choose:
+# on this shared machine other sessions' work lands in the observed gap (a run
+# saw it jump to 2x within seconds) and would make the expected plans depend on
+# them. Its effect on the choice is covered in test_observe_policy.py.
+SETTINGS = AdaptSettings(policy=PolicySettings(min_dwell_s=20.0, use_correction=False))
 
 
 def shape(workers) -> list:
@@ -45,7 +51,7 @@ def test_steps_converge_with_one_swap_each(tmp_path: Path) -> None:
     assert not same_shape(expected[1], expected[2]) and not same_shape(expected[2], expected[8])
 
     rig = Rig(store=tmp_path / "store", workdir=tmp_path, model=MODEL, base_dir=SLEEP_MODEL,
-              profile=profile, settings=adapt_settings(min_dwell_s=20.0), rest=True)
+              profile=profile, settings=SETTINGS, rest=True)
     with rig:
         rig.apply(expected[1])  # start on the plan for one client
         rig.start_loop()

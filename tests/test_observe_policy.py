@@ -177,18 +177,32 @@ def test_correction_separates_shared_overhead_from_contention() -> None:
     c = update_correction(c, 1.43, workers=4, settings=s)
     assert c.per_corunner == pytest.approx(0.1)
     assert c.factor(4) == pytest.approx(1.43)  # 1.1·1.3
-    # next sample EWMA(0.3): base 0.3·1.2 + 0.7·1.1 = 1.13
+    # next sample EWMA(0.1): base 0.1·1.2 + 0.9·1.1 = 1.11
     c = update_correction(c, 1.2, workers=1, settings=s)
-    assert c.base == pytest.approx(1.13)
-    # ratios are clamped to [1/4, 4]
+    assert c.base == pytest.approx(1.11)
+    # ratios are clamped to [1/4, 4], per co-runner to [-0.25, 0.5]
     assert update_correction(Correction(), 100.0, 1, s).base == 4.0
+    assert update_correction(Correction(), 3.0, 2, s).per_corunner == 0.5  # (3/1 - 1)/1 = 2 -> 0.5
+
+
+def test_correction_is_used_only_once_measured_enough() -> None:
+    c = Correction(base=1.2, per_corunner=0.3, base_samples=9, corunner_samples=10)
+    # base has 9 < 10 samples: not used; per co-runner has 10: used
+    assert c.factor(3, min_samples=10) == pytest.approx(1.0 * (1 + 0.3 * 2))
+    assert c.factor(3) == pytest.approx(1.2 * 1.6)  # everything, when not asked to be picky
+    # so a young correction does not change the choice: profiles alone decide (swap)
+    fat = plan(8, 1, 4, 8, 70.0)
+    thin = plan(8, 4, 1, 2, 60.0)
+    young = replace(STABLE8, correction=Correction(per_corunner=0.1, corunner_samples=9))
+    d, _ = decide(young, ctx(10, est(8), fat, 70.0, thin))
+    assert d.swap and not d.correction_changed_choice
 
 
 def test_correction_turns_a_swap_into_no_swap() -> None:
     # fat 1 worker at 70 ms; thin 4 workers predicted 60 ms: raw gain 70/60-1 = 0.167 > 0.1
     fat = plan(8, 1, 4, 8, 70.0)
     thin = plan(8, 4, 1, 2, 60.0)
-    state = replace(STABLE8, correction=Correction(per_corunner=0.1, corunner_samples=1))
+    state = replace(STABLE8, correction=Correction(per_corunner=0.1, corunner_samples=10))
     d, _ = decide(state, ctx(10, est(8), fat, 70.0, thin))
     # corrected: thin 60·1.3 = 78 ms, fat 70·1.0: gain 70/78 - 1 < 0
     assert d.predicted_gain == pytest.approx(70 / 60 - 1)
@@ -205,7 +219,7 @@ def test_correction_picks_another_candidate() -> None:
     thin16 = plan(16, 4, 1, 4, 90.0)
     fat16 = plan(16, 1, 4, 16, 100.0)
     state = PolicyState(seen_batch=16, seen_since_s=0.0,
-                        correction=Correction(per_corunner=0.1, corunner_samples=1))
+                        correction=Correction(per_corunner=0.1, corunner_samples=10))
     d, _ = decide(state, ctx(10, est(16), THIN8, 160.0, thin16, fat16))
     # profiles alone: thin16 (gain 160/90 - 1 = 0.78); corrected: thin16 90·1.3 = 117,
     # fat16 100·1.0 = 100 -> fat16, gain 160·1.3/100 - 1 = 1.08

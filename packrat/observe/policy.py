@@ -70,8 +70,17 @@ class PolicySettings:
     settle_s: float = 15.0
     # A window teaches the correction only with at least this many requests.
     min_requests: float = 10.0
-    # EWMA weight of each new observed/predicted ratio.
-    correction_alpha: float = 0.3
+    # EWMA weight of each new observed/predicted ratio. Slow on purpose:
+    # co-run contention is a property of a plan's shape, while a burst of
+    # other work on the machine is transient and should not move it much.
+    correction_alpha: float = 0.1
+    # A part of the correction (base, per co-runner) is used for choosing only
+    # once this many settled ticks have measured it.
+    min_correction_samples: int = 10
+    # per_corunner is kept within this range: beyond it the "contention" is
+    # more likely other work on the machine than co-running workers (the
+    # paper saw 12-15 % in total on 16 cores).
+    per_corunner_range: tuple[float, float] = (-0.25, 0.5)
     # Ratios outside [1/max_ratio, max_ratio] are clamped: a stall or a
     # mis-profiled point should not throw the correction arbitrarily far.
     max_ratio: float = 4.0
@@ -89,8 +98,12 @@ class Correction:
     corunner_samples: int = 0
     last_ratio: float | None = None  # observed / predicted of the active plan, last tick
 
-    def factor(self, workers: int) -> float:
-        return self.base * (1.0 + self.per_corunner * max(workers - 1, 0))
+    def factor(self, workers: int, min_samples: int = 0) -> float:
+        """Expected observed/profiled latency of a plan with `workers` workers,
+        using only the parts measured at least `min_samples` times."""
+        base = self.base if self.base_samples >= min_samples else 1.0
+        pc = self.per_corunner if self.corunner_samples >= min_samples else 0.0
+        return base * (1.0 + pc * max(workers - 1, 0))
 
 
 @dataclass(frozen=True)
@@ -210,6 +223,8 @@ def update_correction(corr: Correction, ratio: float, workers: int,
     # Excess per co-runner implied by this plan, given what one worker alone shows.
     per = (r / corr.base - 1.0) / (workers - 1)
     pc = per if corr.corunner_samples == 0 else a * per + (1 - a) * corr.per_corunner
+    lo, hi = settings.per_corunner_range
+    pc = min(max(pc, lo), hi)
     return replace(corr, per_corunner=pc, corunner_samples=corr.corunner_samples + 1,
                    last_ratio=r)
 
@@ -251,7 +266,7 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
         gap = ratio - 1.0
 
     def f(plan: Plan) -> float:
-        return corr.factor(len(plan.instances)) if s.use_correction else 1.0
+        return corr.factor(len(plan.instances), s.min_correction_samples) if s.use_correction else 1.0
 
     # 2. Score: the optimiser's choice as profiled, and the best once corrected.
     raw = ctx.candidates[0] if ctx.candidates else None
