@@ -64,6 +64,11 @@ class BenchSettings:
     min_requests: int = 60
     rounds: int = 8  # measured requests per client
     warmup_rounds: int = 1
+    # After a swap the retired workers are still exiting and the new ones meet their
+    # first real batches: measured right away, the same shape read up to 2x slower
+    # than a minute later (resnet50 B=8, busy machine). Wait, then warm up longer.
+    settle_s: float = 5.0
+    post_swap_warmup_rounds: int = 3
     max_point_s: float = 60.0  # one measurement's wall-time bound
     profile_budget_s: float = 150.0  # per model
     profile_point_budget_s: float = 8.0
@@ -461,8 +466,12 @@ class Bench:
 
     # -- measuring ------------------------------------------------------------------
     def measure(self, st: _State, batch: int, config: str, plan: Plan | None, target: Target,
-                extra: dict[str, Any] | None = None, deadline: float | None = None) -> Measurement:
+                extra: dict[str, Any] | None = None, deadline: float | None = None,
+                after_swap: bool = False) -> Measurement:
         n, warm = self.s.point_requests(batch)
+        if after_swap:
+            time.sleep(self.s.settle_s)
+            warm = max(warm, self.s.post_swap_warmup_rounds * batch)
         load_before = os.getloadavg()[0]
         bound = self.s.max_point_s
         if deadline is not None:
@@ -588,7 +597,8 @@ class Bench:
                     extra = {"swap": swap} if swap else {"swap": "none: shape already live"}
                     if config == "packrat":
                         extra["fat_predicted_ms"] = pk.fat_latency_ms
-                    self.measure(st, b, config, plan, self.target(name, body, ctype), extra, deadline=model_deadline)
+                    self.measure(st, b, config, plan, self.target(name, body, ctype), extra, deadline=model_deadline,
+                                 after_swap=swap is not None)
                     bar.update(1)
                 bar.update(max(0, 2 + len(candidate_plans(self.s.T, b, None)) - len(steps)))
         finally:
