@@ -183,8 +183,19 @@ def capacity_markdown(records: Sequence[dict]) -> str:
 
 
 def notes_markdown(records: Sequence[dict]) -> str:
-    notes = [r for r in records if r.get("kind") == "note"]
-    return "".join(f"- {r.get('model', '')} B={r.get('batch', '')}: {r.get('text', '')}\n" for r in notes)
+    """One line per (model, B, text); the configurations it concerned are listed together."""
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for r in records:
+        if r.get("kind") == "note":
+            key = (str(r.get("model", "")), str(r.get("batch", "")), str(r.get("text", "")))
+            grouped.setdefault(key, [])
+            if r.get("config"):
+                grouped[key].append(str(r["config"]))
+    lines = []
+    for (model, batch, text), configs in grouped.items():
+        where = f"{model} B={batch}" if batch else model
+        lines.append(f"- {where}: {text}" + (f" ({', '.join(configs)})" if configs else "") + "\n")
+    return "".join(lines)
 
 
 def write_csv(path: Path, rows: Sequence[dict]) -> None:
