@@ -10,8 +10,17 @@ import yaml
 
 
 def load(archive):
-    """Import the archive's own packrat_handler (fresh: each archive has its own copy)."""
-    for name in [m for m in sys.modules if m.split(".")[0] in ("packrat_handler", "packrat_tasks")]:
+    """Import the archive's own packrat_handler (fresh: each archive has its own copy).
+
+    The modules imported before are put back afterwards: other test modules hold
+    the handlers/ copy (and its runtime registry) from their own imports.
+    """
+
+    def ours(module_name: str) -> bool:
+        return module_name.split(".")[0] in ("packrat_handler", "packrat_tasks")
+
+    saved = {name: module for name, module in sys.modules.items() if ours(name)}
+    for name in saved:
         del sys.modules[name]
     sys.path.insert(0, str(archive))
     try:
@@ -20,6 +29,9 @@ def load(archive):
         return handler.load_task(str(archive), config)
     finally:
         sys.path.remove(str(archive))
+        for name in [m for m in sys.modules if ours(m)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
 
 
 @pytest.mark.parametrize("name", ["noop", "tiny-bert", "tiny-bert-ts", "tiny-gpt2", "tiny-resnet", "minilm"])
