@@ -139,7 +139,16 @@ def demo_section(paths: list[Path]) -> list[str]:
     out = ["## Demo models on this machine", ""]
     out.append(
         "Filled by `scripts/optimizer_tables.py` from profiles written by `packrat profile` "
-        "(the paths given on its command line, else `profiles/*.json`)."
+        "(the paths given on its command line, else `profiles/*.json`). "
+        "This file was generated with `scripts/optimizer_tables.py docs/profiles/bert-base.json "
+        "docs/profiles/gpt2.json docs/profiles/resnet50.json`."
+    )
+    out.append("")
+    out.append(
+        "**Caveat:** the committed profiles were measured while other jobs kept both cores "
+        "saturated (load average 8–26; see docs/profiler.md), so 2-thread points are inflated "
+        "by preemption and the plans below favour 1-thread instances more than a quiet "
+        "machine would. Re-profile on an idle machine before trusting these numbers."
     )
     out.append("")
     if not paths:
