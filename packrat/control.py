@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from packrat.apply import versions
 from packrat.apply.client import ManagementClient
 from packrat.apply.swap import SwapRecord, Swapper, SwapSettings, check_workers
 from packrat.errors import ConfigError, PackratError, TorchServeError
+from packrat.observe import metrics
 from packrat.types import Observation, Plan
 
 DEFAULT_STATE_DIR = Path(".packrat")
@@ -217,20 +217,7 @@ class Controller:
             text = requests.get(url, timeout=5).text
         except requests.RequestException as exc:
             raise TorchServeError("GET", url, 0, f"unreachable: {exc}") from exc
-        totals = {"ts_inference_requests": 0.0, "ts_inference_latency_microseconds": 0.0,
-                  "ts_queue_latency_microseconds": 0.0}
-        for fam in text_string_to_metric_families(text):
-            if fam.name in totals:
-                for s in fam.samples:
-                    if s.labels.get("model_name") == model and not s.name.endswith("_created"):
-                        totals[fam.name] += s.value
-        return Observation(
-            time_s=self.clock(),
-            model=model,
-            requests_total=totals["ts_inference_requests"],
-            latency_us_total=totals["ts_inference_latency_microseconds"],
-            queue_latency_us_total=totals["ts_queue_latency_microseconds"],
-        )
+        return metrics.observation(text, model, self.clock())
 
     def observed_latency(self, model: str) -> dict[str, Any] | None:
         """Mean latency (ms) overall and since the previous call, from counter deltas."""

@@ -28,6 +28,7 @@ leave that label out with `exclude_versions`.
 from __future__ import annotations
 
 from collections.abc import Iterable
+import dataclasses
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -128,12 +129,7 @@ def observation(
         return Observation(time_s=time_s, model=model, requests_total=0.0, latency_us_total=0.0,
                            queue_latency_us_total=0.0, pending_requests=pending_requests)
     if pending_requests is not None:
-        found = Observation(
-            time_s=found.time_s, model=found.model, requests_total=found.requests_total,
-            latency_us_total=found.latency_us_total,
-            queue_latency_us_total=found.queue_latency_us_total,
-            pending_requests=pending_requests,
-        )
+        found = dataclasses.replace(found, pending_requests=pending_requests)
     return found
 
 
