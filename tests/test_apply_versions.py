@@ -59,6 +59,27 @@ def test_version_dir_links_base_files_and_carries_the_plan(store: Path) -> None:
     assert (store / "m" / "weights.safetensors").stat().st_size == 4096  # base untouched
 
 
+@pytest.mark.parametrize("cap,latency_ms,want", [
+    (1, 400.0, versions.DEFAULT_MAX_BATCH_DELAY_MS),  # a batch of one is full at once
+    (4, 20.0, versions.DEFAULT_MAX_BATCH_DELAY_MS),  # a tenth of 20 ms is under the floor
+    (4, 270.0, 27),  # a tenth of the batch's predicted latency
+    (32, 2035.0, versions.MAX_BATCH_DELAY_CAP_MS),  # capped
+    (8, 0.0, versions.DEFAULT_MAX_BATCH_DELAY_MS),  # no prediction
+])
+def test_batch_delay_is_a_tenth_of_the_predicted_batch_latency(cap: int, latency_ms: float, want: int) -> None:
+    plan = Plan(cores=2, batch=2 * cap, instances=(Instance(1, cap, latency_ms),) * 2, predicted_latency_ms=latency_ms)
+    assert versions.batch_delay_ms(plan) == want
+
+
+def test_version_config_carries_the_derived_batch_delay_unless_one_is_given(store: Path) -> None:
+    plan = Plan(cores=2, batch=8, instances=(Instance(1, 4, 300.0),) * 2, predicted_latency_ms=300.0)
+    derived = versions.create_version(store, "m", "m", plan, [0, 1])
+    assert yaml.safe_load((derived.path / "model_config.yaml").read_text())["maxBatchDelay"] == 30
+    assert versions.load_version(derived.path).max_batch_delay_ms == 30
+    given = versions.create_version(store, "m", "m", plan, [0, 1], max_batch_delay_ms=7)
+    assert yaml.safe_load((given.path / "model_config.yaml").read_text())["maxBatchDelay"] == 7
+
+
 def test_heterogeneous_layout_widest_first() -> None:
     plan = Plan(cores=4, batch=6, instances=(Instance(1, 2, 1.0), Instance(2, 2, 1.0), Instance(1, 2, 1.0)),
                 predicted_latency_ms=1.0)

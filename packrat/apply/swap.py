@@ -62,7 +62,7 @@ class SwapSettings:
     # wait hundreds of ms for a CPU, so this grace is seconds, not microseconds.
     min_drain_s: float = 2.0
     poll_s: float = 0.05
-    max_batch_delay_ms: int = versions.DEFAULT_MAX_BATCH_DELAY_MS
+    max_batch_delay_ms: int | None = None  # None: versions.batch_delay_ms(plan)
 
 
 @dataclass

@@ -35,8 +35,27 @@ MANIFEST = Path("MAR-INF") / "MANIFEST.json"
 CONFIG = "model_config.yaml"
 # Version strings Packrat creates: p<sequence>, e.g. "p12". Directory: <model>.p12
 _VERSION_RE = re.compile(r"^p(\d+)$")
-# Collect batches for at most this long (ms). Short: thin workers want small batches now.
+# Collect batches for at least this long (ms) once the first request is in.
 DEFAULT_MAX_BATCH_DELAY_MS = 5
+# TorchServe closes a batch maxBatchDelay after its first request, full or not
+# (Model.pollBatch in 0.12). Clients that were answered together come back a
+# fraction of a millisecond apart each, so B of them need more than 5 ms: the
+# batch closes half full and the rest wait a whole batch (GPT-2, cap 32: two
+# batches of ~16, 2 x L(16) = 2.8 s instead of L(32) = 2.0 s). Waiting a tenth of
+# the batch's own predicted latency to fill it costs at most that tenth.
+BATCH_FILL_FRACTION = 0.1
+MAX_BATCH_DELAY_CAP_MS = 100
+
+
+def batch_delay_ms(plan: Plan) -> int:
+    """maxBatchDelay for a plan: a tenth of its slowest instance's predicted batch latency,
+    within [DEFAULT_MAX_BATCH_DELAY_MS, MAX_BATCH_DELAY_CAP_MS]; the floor for a cap of 1
+    or a plan without predictions."""
+    cap = max((i.batch for i in plan.instances), default=1)
+    latency = max((i.latency_ms for i in plan.instances), default=0.0)
+    if cap <= 1 or latency <= 0:
+        return DEFAULT_MAX_BATCH_DELAY_MS
+    return int(min(MAX_BATCH_DELAY_CAP_MS, max(DEFAULT_MAX_BATCH_DELAY_MS, round(BATCH_FILL_FRACTION * latency))))
 
 
 @dataclass(frozen=True)
@@ -158,9 +177,12 @@ def create_version(
     cores: list[int],
     *,
     version: str | None = None,
-    max_batch_delay_ms: int = DEFAULT_MAX_BATCH_DELAY_MS,
+    max_batch_delay_ms: int | None = None,
 ) -> VersionDir:
-    """Write `<model_store>/<model>.<version>/` for `plan`; see the module docstring."""
+    """Write `<model_store>/<model>.<version>/` for `plan`; see the module docstring.
+
+    `max_batch_delay_ms` None: `batch_delay_ms(plan)`.
+    """
     store = Path(model_store)
     base_dir = store / base
     validate_plan(plan, len(cores))
@@ -179,6 +201,8 @@ def create_version(
     slots = assign_cores(plan, cores)
     plan_id = f"{model}-{version}-{uuid.uuid4().hex[:8]}"
     batch_size = plan.instances[0].batch
+    if max_batch_delay_ms is None:
+        max_batch_delay_ms = batch_delay_ms(plan)
 
     tmp = store / f".{path.name}.tmp-{uuid.uuid4().hex[:6]}"
     tmp.mkdir()
