@@ -28,6 +28,15 @@ def test_bench_measures_every_configuration_and_leaves_nothing_registered(tmp_pa
     assert {(2, "defaults"), (2, "fat"), (2, "oracle"), (2, "packrat")} <= got
     for m in ms:
         assert m.load["ok"] == 30 and m.load["errors"] == 0, m
+        # TorchServe's own counters for the point: every request the client sent (warm-up and
+        # cool-down included, so at least measured + warm-up) and a queue + worker split
+        srv = m.extra["server"]
+        assert srv["requests"] >= 30 + m.extra["warmup"], m
+        assert srv["queue_ms"] >= 0 and srv["worker_ms"] > 0
+        assert srv["mean_ms"] == pytest.approx(srv["queue_ms"] + srv["worker_ms"], abs=0.01)
+        # the handler's x-packrat-batch-size header: batches never exceed the live cap
+        cap = max((b for _, b in m.instances), default=1)
+        assert 1.0 <= m.load["mean_batch_size"] <= cap, m
     thin = next(m for m in ms if m.batch == 2 and m.config == "oracle")
     assert thin.instances == ((1, 1), (1, 1))
     assert thin.extra["swap"]["to_version"].startswith("p")  # really applied through a swap

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from packrat.bench.report import summarise, write_report
+from packrat.bench.report import noise_band, repeat_pairs, summarise, verdict, write_report
 from packrat.bench.results import Measurement, ResultLog, read_measurements, shape_label
 
 
@@ -18,9 +18,10 @@ def _load(p50: float, ok: int = 100, errors: int = 0, thr: float = 10.0) -> dict
 
 
 def _record(log: ResultLog, model: str, batch: int, config: str, inst: list[tuple[int, int]],
-            p50: float, predicted: float | None = None, **kw) -> None:
+            p50: float, predicted: float | None = None, server: dict | None = None, **kw) -> None:
     log.measurement(Measurement(model=model, batch=batch, config=config, shape=shape_label(inst),
-                                instances=tuple(inst), predicted_ms=predicted, load=_load(p50, **kw)))
+                                instances=tuple(inst), predicted_ms=predicted, load=_load(p50, **kw),
+                                extra={"server": server} if server else {}))
 
 
 @pytest.fixture()
@@ -63,7 +64,10 @@ def test_write_report_files(results: Path, tmp_path: Path) -> None:
     paths = write_report(results, tmp_path / "report")
     md = paths["summary_md"].read_text()
     assert "packrat bench --quick" in md
-    assert "| 8 | 100.0 | 160.0 | 80.0 | 2x(1t,b4) | 78.0 | 2x(1t,b4) | 1.25x | 2.00x | +2.6 % | 70.0 | +14.3 % |  |" in md
+    assert ("| 8 | 100.0 | 160.0 | 80.0 | 2x(1t,b4) | 78.0 | 2x(1t,b4) (=) | 1.25x faster | 2.00x | +2.6 % | 70.0"
+            " | +14.3 % | – | – |  |") in md
+    # packrat's 2x(1t,b4) and the oracle candidate of that shape are a repeat pair: 80 then 78
+    assert "| resnet | 8 | 2x(1t,b4) | 80.0 | 78.0 | 2.5 % |" in md
     assert "skipped: time budget" in md and "| noop | 4 | 900 |" in md
     with open(paths["summary_csv"]) as f:
         summary = list(csv.DictReader(f))
@@ -100,3 +104,37 @@ def test_fat_counts_as_the_oracle_candidate_of_its_shape(tmp_path: Path) -> None
     # fat's 1x(2t,b4) is the fastest realisable shape measured: oracle 50, regret 55/50 - 1
     assert r.oracle_ms == 50.0 and r.oracle_shape == "1x(2t,b4)"
     assert r.regret == pytest.approx(0.10)
+
+
+def test_noise_band_is_the_largest_same_shape_difference_and_judges_packrat_vs_fat(tmp_path: Path) -> None:
+    log = ResultLog(tmp_path / "r.jsonl")
+    # B=8: candidate 2x(1t,b4) 100 then packrat (same shape) 110 -> a 10 % repeat difference
+    _record(log, "m", 8, "fat", [(2, 8)], 105.0)
+    _record(log, "m", 8, "oracle", [(1, 4), (1, 4)], 100.0)
+    _record(log, "m", 8, "packrat", [(1, 4), (1, 4)], 110.0, predicted=100.0,
+            server={"mean_ms": 104.0, "queue_ms": 4.0, "worker_ms": 100.0})
+    # B=4: packrat 1.2x faster than fat, beyond the 10 % band
+    _record(log, "m", 4, "fat", [(2, 4)], 60.0)
+    _record(log, "m", 4, "oracle", [(1, 2), (1, 2)], 50.0)
+    _record(log, "m", 4, "packrat", [(1, 2), (1, 2)], 50.0, predicted=40.0)
+    # B=1: packrat picked fat's own shape
+    _record(log, "m", 1, "fat", [(2, 1)], 30.0)
+    _record(log, "m", 1, "packrat", [(2, 1)], 33.0)
+    ms = read_measurements(log.path)
+    pairs = repeat_pairs(ms)
+    assert {(p.batch, round(p.diff, 3)) for p in pairs} == {(8, 0.1), (4, 0.0), (1, 0.1)}
+    assert noise_band(pairs) == pytest.approx(0.1)
+    rows = {r.batch: r for r in summarise(ms)}
+    assert rows[1].vs_fat == "same shape"
+    assert rows[8].vs_fat == "tie"  # 105/110 is within the band
+    assert rows[4].vs_fat == "faster" and rows[4].speedup_vs_fat == pytest.approx(1.2)
+    # worker gap: TorchServe's (inference - queue) mean against the prediction, beside the e2e gap
+    assert rows[8].worker_ms == 100.0 and rows[8].worker_gap == pytest.approx(0.0)
+    assert rows[8].prediction_gap == pytest.approx(0.1)
+    assert rows[4].worker_gap is None
+    assert rows[8].oracle_shape_match is True
+
+
+def test_verdict_needs_a_band_and_a_ratio() -> None:
+    assert verdict(1.3, None) == "" and verdict(None, 0.1) == ""
+    assert verdict(0.85, 0.1) == "slower" and verdict(0.95, 0.1) == "tie" and verdict(1.11, 0.1) == "faster"

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from packrat.bench.run import BenchSettings, candidate_plans, plan_shape, predicted, quick_settings
+from packrat.bench.run import BenchSettings, candidate_plans, plan_shape, predicted, quick_settings, server_side
 from packrat.cli import app
-from packrat.types import Profile, ProfilePoint
+from packrat.types import Observation, Profile, ProfilePoint
 
 
 def _profile() -> Profile:
@@ -55,6 +55,8 @@ def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
     assert r.exit_code == 2
     r = runner.invoke(app, ["bench-report", str(tmp_path / "missing.jsonl")])
     assert r.exit_code == 2
+    r = runner.invoke(app, ["bench", "-m", "tiny-bert", "-b", "1", "--configs", "fat,thin", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "--configs" in r.output and "thin" in r.output
 
 
 def test_bench_load_cli_drives_a_loopback_server(tmp_path: Path) -> None:
@@ -85,3 +87,16 @@ def test_measure_order_spreads_the_loads() -> None:
     assert measure_order((1, 2, 4, 8, 16, 32)) == [8, 32, 1, 16, 4, 2]
     assert measure_order((1, 4, 8)) == [4, 8, 1]
     assert measure_order((2, 1)) == [2, 1]
+
+
+def test_server_side_split_comes_from_counter_deltas() -> None:
+    before = Observation(time_s=0.0, model="m", requests_total=10, latency_us_total=1_000_000,
+                         queue_latency_us_total=100_000)
+    after = Observation(time_s=5.0, model="m", requests_total=30, latency_us_total=3_000_000,
+                        queue_latency_us_total=500_000)
+    # 20 requests: 2 s of latency -> 100 ms mean, of which 0.4 s queue -> 20 ms, worker 80 ms
+    assert server_side(before, after) == {"requests": 20, "mean_ms": 100.0, "queue_ms": 20.0, "worker_ms": 80.0}
+    assert server_side(before, before) is None  # no request in between
+    assert server_side(None, after) is None
+    no_queue = Observation(time_s=5.0, model="m", requests_total=30, latency_us_total=3_000_000)
+    assert server_side(before, no_queue) == {"requests": 20, "mean_ms": 100.0}

@@ -69,6 +69,7 @@ class RequestRecord:
     latency_ms: float
     status: int  # HTTP status; 0 when no answer came (connection error, timeout)
     error: str | None = None  # None for HTTP 2xx
+    batch_size: int | None = None  # the worker's batch it was served in (x-packrat-batch-size), if told
 
     @property
     def ok(self) -> bool:
@@ -94,6 +95,9 @@ class LoadResult:
     p99_ms: float | None
     max_ms: float | None
     generator_cpu_ms_per_request: float
+    # Mean size of the batches answered requests were served in, as seen per request
+    # (a batch of n counts n times); None when the server does not say.
+    mean_batch_size: float | None = None
     records: tuple[RequestRecord, ...] = field(default=(), repr=False, compare=False)
 
     def summary(self) -> dict:
@@ -114,6 +118,7 @@ class LoadResult:
             "p99_ms": _r(self.p99_ms),
             "max_ms": _r(self.max_ms),
             "generator_cpu_ms_per_request": round(self.generator_cpu_ms_per_request, 4),
+            "mean_batch_size": _r(self.mean_batch_size),
         }
 
 
@@ -135,6 +140,17 @@ def check_loopback(url: str) -> None:
         raise ConfigError(f"load generator only targets loopback servers, not {url!r}")
 
 
+# Set by the Packrat handler on every response: how many requests its batch held.
+BATCH_SIZE_HEADER = "x-packrat-batch-size"
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return None
+
+
 class _Client:
     """One keep-alive connection to the target (one per generator thread)."""
 
@@ -149,20 +165,20 @@ class _Client:
         self.body = target.body
         self.headers = target.headers()
 
-    def send(self) -> tuple[int, str | None]:
+    def send(self) -> tuple[int, str | None, int | None]:
         try:
             # preload_content (default) reads the whole body: a response is complete only then.
             resp = self.pool.urlopen("POST", self.path, body=self.body, headers=self.headers, redirect=False)
         except urllib3.exceptions.NewConnectionError:
             # Checked first: urllib3 makes it a subclass of ConnectTimeoutError.
-            return 0, "connection:refused"
+            return 0, "connection:refused", None
         except urllib3.exceptions.TimeoutError:
-            return 0, "timeout"
+            return 0, "timeout", None
         except urllib3.exceptions.HTTPError as exc:  # connection refused/reset, protocol errors
-            return 0, f"connection:{type(exc).__name__}"
+            return 0, f"connection:{type(exc).__name__}", None
         if 200 <= resp.status < 300:
-            return resp.status, None
-        return resp.status, f"http_{resp.status}"
+            return resp.status, None, _int_or_none(resp.headers.get(BATCH_SIZE_HEADER))
+        return resp.status, f"http_{resp.status}", None
 
     def close(self) -> None:
         self.pool.close()
@@ -179,6 +195,7 @@ def summarise(
     window_s: float | None = None,
 ) -> LoadResult:
     ok = [r.latency_ms for r in records if r.ok]
+    sizes = [r.batch_size for r in records if r.ok and r.batch_size is not None]
     kinds = collections.Counter(r.error for r in records if not r.ok)
     if window_s is None:
         if records:
@@ -204,6 +221,7 @@ def summarise(
         p99_ms=percentile(ok, 99),
         max_ms=max(ok) if ok else None,
         generator_cpu_ms_per_request=(cpu_s * 1000.0 / len(records)) if records else 0.0,
+        mean_batch_size=(sum(sizes) / len(sizes)) if sizes else None,
         records=tuple(records),
     )
 
@@ -251,11 +269,11 @@ def closed_loop(
                     stop.set()
                     return
                 t0 = time.perf_counter()
-                status, error = conn.send()
+                status, error, batch_size = conn.send()
                 t1 = time.perf_counter()
                 if warmup <= ticket < warmup + requests_count:
                     with lock:
-                        records.append(RequestRecord(t0, (t1 - t0) * 1000.0, status, error))
+                        records.append(RequestRecord(t0, (t1 - t0) * 1000.0, status, error, batch_size))
                         measured_done += 1
                         if measured_done == requests_count:
                             all_done.set()
@@ -330,11 +348,11 @@ def open_loop(
                 delay = due - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
-                status, error = conn.send()
+                status, error, batch_size = conn.send()
                 t1 = time.perf_counter()
                 if i >= warmup:
                     with lock:
-                        records.append(RequestRecord(due, (t1 - due) * 1000.0, status, error))
+                        records.append(RequestRecord(due, (t1 - due) * 1000.0, status, error, batch_size))
                     if progress is not None:
                         progress(1)
         finally:

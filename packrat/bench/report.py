@@ -13,6 +13,13 @@ latency of B closed-loop clients; every ratio below uses it:
                           the size of that is the noise between two runs)
 * prediction gap        = packrat p50 / predicted - 1  (predicted = the optimiser's
                           max_i L(t_i, b_i) from the isolated profile)
+* worker gap            = packrat worker_ms / predicted - 1, worker_ms being TorchServe's
+                          own mean (inference - queue) latency over the point: the
+                          part of the end-to-end time the profile predicts
+* repeat noise          = |p50 a / p50 b - 1| for two runs of the same shape at the
+                          same B in one run (packrat's plan and the oracle candidate of
+                          its shape); the largest of them is the run's noise band, and
+                          "packrat vs fat" is called faster / tie / slower against it
 
 A measurement with failed requests is shown but never used as a latency.
 """
@@ -46,6 +53,59 @@ class SummaryRow:
     packrat_throughput_rps: float | None
     fat_throughput_rps: float | None
     cut_short: str = ""  # configs whose measurement the time bound stopped early (fewer samples)
+    worker_ms: float | None = None  # packrat's TorchServe-side mean (inference - queue) latency
+    worker_gap: float | None = None
+    vs_fat: str = ""  # "faster" | "tie" | "slower" against the run's noise band; "" unknown
+    oracle_shape_match: bool | None = None  # packrat's shape is the oracle's best shape
+
+
+@dataclass(frozen=True)
+class RepeatPair:
+    """Two runs of one shape at one B in the same run: their difference is noise."""
+
+    model: str
+    batch: int
+    shape: str
+    first_ms: float
+    second_ms: float
+
+    @property
+    def diff(self) -> float:
+        return abs(self.second_ms / self.first_ms - 1.0)
+
+
+def repeat_pairs(ms: Sequence[Measurement]) -> list[RepeatPair]:
+    """packrat's measurement beside the fat/oracle measurement of the same shape, per (model, B)."""
+    by_key = latest(ms)
+    out = []
+    for m in by_key.values():
+        if m.config != "packrat" or not m.valid:
+            continue
+        twins = [o for o in by_key.values() if o.model == m.model and o.batch == m.batch
+                 and o.config in ("fat", "oracle") and o.shape == m.shape and o.valid]
+        for o in twins:
+            first, second = sorted((o, m), key=lambda x: x.time)
+            out.append(RepeatPair(m.model, m.batch, m.shape, first.p50, second.p50))
+    return sorted(out, key=lambda r: (r.model, r.batch))
+
+
+def noise_band(pairs: Sequence[RepeatPair]) -> float | None:
+    """The largest same-shape difference of the run (None without any repeat)."""
+    return max((p.diff for p in pairs), default=None)
+
+
+def verdict(speedup: float | None, band: float | None) -> str:
+    if speedup is None or band is None:
+        return ""
+    if speedup > 1.0 + band:
+        return "faster"
+    if speedup < 1.0 / (1.0 + band):
+        return "slower"
+    return "tie"
+
+
+def server(m: Measurement | None) -> dict:
+    return (m.extra.get("server") or {}) if m is not None else {}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -63,6 +123,7 @@ def latest(ms: Sequence[Measurement]) -> dict[tuple[str, int, str, str], Measure
 
 
 def summarise(ms: Sequence[Measurement]) -> list[SummaryRow]:
+    band = noise_band(repeat_pairs(ms))
     by_key = latest(ms)
     groups: dict[tuple[str, int], list[Measurement]] = {}
     for m in by_key.values():
@@ -80,6 +141,9 @@ def summarise(ms: Sequence[Measurement]) -> list[SummaryRow]:
         p = packrat.p50 if packrat else None
         regret = _ratio(p, oracle.p50 if oracle else None)
         gap = _ratio(p, packrat.predicted_ms if packrat else None)
+        worker_ms = server(packrat).get("worker_ms")
+        worker_gap = _ratio(worker_ms, packrat.predicted_ms if packrat else None)
+        speedup = _ratio(fat.p50 if fat else None, p)
         rows.append(
             SummaryRow(
                 model=model,
@@ -91,13 +155,18 @@ def summarise(ms: Sequence[Measurement]) -> list[SummaryRow]:
                 oracle_ms=oracle.p50 if oracle else None,
                 oracle_shape=oracle.shape if oracle else None,
                 predicted_ms=packrat.predicted_ms if packrat else None,
-                speedup_vs_fat=_ratio(fat.p50 if fat else None, p),
+                speedup_vs_fat=speedup,
                 speedup_vs_defaults=_ratio(defaults.p50 if defaults else None, p),
                 regret=None if regret is None else regret - 1.0,
                 prediction_gap=None if gap is None else gap - 1.0,
                 packrat_throughput_rps=packrat.load.get("throughput_rps") if packrat else None,
                 fat_throughput_rps=fat.load.get("throughput_rps") if fat else None,
                 cut_short=",".join(sorted({m.config for m in group if _cut(m)})),
+                worker_ms=worker_ms,
+                worker_gap=None if worker_gap is None else worker_gap - 1.0,
+                # Fat's own shape measured twice is a repeat, never a win or a loss.
+                vs_fat="same shape" if packrat and fat and packrat.shape == fat.shape else verdict(speedup, band),
+                oracle_shape_match=(packrat.shape == oracle.shape) if packrat and oracle else None,
             )
         )
     return rows
@@ -125,24 +194,39 @@ def summary_markdown(rows: Sequence[SummaryRow]) -> str:
             f"### {model}",
             "",
             "| B | fat p50 ms | defaults p50 ms | packrat p50 ms | packrat shape | oracle p50 ms | oracle shape"
-            " | packrat vs fat | packrat vs defaults | regret vs oracle | predicted ms | prediction gap | cut short |",
-            "|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---|",
+            " | packrat vs fat | packrat vs defaults | regret vs oracle | predicted ms | prediction gap"
+            " | worker ms | worker gap | cut short |",
+            "|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in (r for r in rows if r.model == model):
             out.append(
                 f"| {r.batch} | {_f(r.fat_ms)} | {_f(r.defaults_ms)} | {_f(r.packrat_ms)} | {r.packrat_shape or '–'}"
-                f" | {_f(r.oracle_ms)} | {r.oracle_shape or '–'} | {_x(r.speedup_vs_fat)}"
+                f" | {_f(r.oracle_ms)} | {r.oracle_shape or '–'}"
+                f"{' (=)' if r.oracle_shape_match else ''} | {_x(r.speedup_vs_fat)}{f' {r.vs_fat}' if r.vs_fat else ''}"
                 f" | {_x(r.speedup_vs_defaults)} | {_pct(r.regret)} | {_f(r.predicted_ms)} | {_pct(r.prediction_gap)}"
-                f" | {r.cut_short or ''} |"
+                f" | {_f(r.worker_ms)} | {_pct(r.worker_gap)} | {r.cut_short or ''} |"
             )
         out.append("")
     return "\n".join(out)
 
 
+def repeats_markdown(pairs: Sequence[RepeatPair]) -> str:
+    if not pairs:
+        return "No shape was measured twice at one B, so this run has no noise band.\n"
+    out = ["| model | B | shape | first p50 ms | second p50 ms | difference |", "|---|---:|---|---:|---:|---:|"]
+    for r in pairs:
+        out.append(f"| {r.model} | {r.batch} | {r.shape} | {r.first_ms:.1f} | {r.second_ms:.1f} | {r.diff * 100:.1f} % |")
+    diffs = sorted(p.diff for p in pairs)
+    out += ["", f"Noise band (largest difference): {diffs[-1] * 100:.1f} %; median {diffs[len(diffs) // 2] * 100:.1f} %"
+            f" over {len(diffs)} pairs."]
+    return "\n".join(out) + "\n"
+
+
 def measurements_markdown(ms: Sequence[Measurement]) -> str:
     out = [
-        "| model | B | config | shape | p50 ms | p95 ms | p99 ms | throughput req/s | ok / planned | errors | predicted ms |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | B | config | shape | p50 ms | p95 ms | p99 ms | throughput req/s | ok / planned | errors | predicted ms"
+        " | server mean ms | queue ms | worker ms | mean batch |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     order = {c: i for i, c in enumerate(CONFIGS)}
     for m in sorted(latest(ms).values(), key=lambda m: (m.model, m.batch, order[m.config], m.shape)):
@@ -154,7 +238,8 @@ def measurements_markdown(ms: Sequence[Measurement]) -> str:
             f"| {m.model} | {m.batch} | {m.config} | {m.shape} | {_f(ld.get('p50_ms'))} | {_f(ld.get('p95_ms'))}"
             f" | {_f(ld.get('p99_ms'))} | {_f(ld.get('throughput_rps'))} | {ld.get('ok', 0)} / {ld.get('requested', '?')}"
             f"{' (cut short)' if _cut(m) else ''} | {errs}"
-            f" | {_f(m.predicted_ms)} |"
+            f" | {_f(m.predicted_ms)} | {_f(server(m).get('mean_ms'))} | {_f(server(m).get('queue_ms'))}"
+            f" | {_f(server(m).get('worker_ms'))} | {_f(ld.get('mean_batch_size'))} |"
         )
     return "\n".join(out) + "\n"
 
@@ -210,10 +295,11 @@ def write_csv(path: Path, rows: Sequence[dict]) -> None:
 
 def measurement_rows(ms: Sequence[Measurement]) -> list[dict]:
     keys = ("ok", "errors", "mean_ms", "p50_ms", "p95_ms", "p99_ms", "max_ms", "throughput_rps",
-            "duration_s", "generator_cpu_ms_per_request")
+            "duration_s", "generator_cpu_ms_per_request", "mean_batch_size")
     return [
         {"model": m.model, "batch": m.batch, "config": m.config, "shape": m.shape,
-         "predicted_ms": m.predicted_ms, **{k: m.load.get(k) for k in keys}}
+         "predicted_ms": m.predicted_ms, **{k: m.load.get(k) for k in keys},
+         **{f"server_{k}": server(m).get(k) for k in ("mean_ms", "queue_ms", "worker_ms")}}
         for m in sorted(latest(ms).values(), key=lambda m: (m.model, m.batch, m.config, m.shape))
     ]
 
@@ -284,8 +370,11 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, *, char
         md += [f"Run `{run.get('run_id')}`: `{run.get('command', '')}`", ""]
         if run.get("machine"):
             md += ["Machine: " + ", ".join(f"{k} {v}" for k, v in run["machine"].items()), ""]
-    md += ["## Summary (p50 end-to-end latency)", "", summary_markdown(rows), "## All measurements", "",
-           measurements_markdown(ms)]
+    md += ["## Summary (p50 end-to-end latency)", "", summary_markdown(rows),
+           "\"(=)\": packrat's shape is the oracle's. \"faster / tie / slower\": packrat against fat, judged"
+           " against the noise band below; \"same shape\": packrat chose fat's shape.", "",
+           "## Repeat noise (one shape measured twice at one B)", "", repeats_markdown(repeat_pairs(ms)),
+           "## All measurements", "", measurements_markdown(ms)]
     cap = capacity_markdown(records)
     if cap:
         md += ["", "## Load generator capacity", "", cap]

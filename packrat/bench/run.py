@@ -36,10 +36,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from packrat.apply.versions import batch_delay_ms
 from packrat.bench.loadgen import LoadResult, Target, closed_loop
-from packrat.bench.results import Measurement, ResultLog, shape_label
+from packrat.bench.results import CONFIGS, Measurement, ResultLog, shape_label
 from packrat.errors import ConfigError, PackratError
-from packrat.types import Instance, Plan, Profile
+from packrat.types import Instance, Observation, Plan, Profile
 
 # TorchServe's own default when default_workers_per_model is unset: one worker
 # per available processor (ConfigManager.getDefaultWorkers in 0.12).
@@ -74,6 +75,8 @@ class BenchSettings:
     profile_point_budget_s: float = 8.0
     profile_path: Path | None = None  # reuse this profile instead of profiling (one model only)
     runtime: str = "eager"
+    batch_delay_ms: int | None = None  # maxBatchDelay of every plan; None: Packrat's (versions.batch_delay_ms)
+    configs: tuple[str, ...] = CONFIGS  # which of fat, defaults, packrat, oracle to measure
     attach: Path | None = None  # workdir of a TorchServe started by packrat.apply.server
     cores: tuple[int, ...] | None = None  # default: this process's affinity
     capacity: bool = True
@@ -152,6 +155,29 @@ def measure_order(batches: Sequence[int]) -> list[int]:
         return rest[::-1]
     order = [rest[len(rest) // 2], rest[-1], rest[0]]
     return order + [b for b in reversed(rest) if b not in order]
+
+
+def server_side(before: Observation | None, after: Observation | None) -> dict[str, float] | None:
+    """Mean server-side latency split of the requests between two scrapes of one model.
+
+    TorchServe counts a request's arrival -> response time (`mean_ms`) and its
+    arrival -> taken-by-a-worker time (`queue_ms`); the difference (`worker_ms`)
+    is the batch's time in the worker plus the frontend <-> worker hop, the part
+    the profile predicts. Means over warm-up and measured requests alike (the
+    counters cannot tell them apart); the client's p50 adds HTTP on top.
+    """
+    if before is None or after is None:
+        return None
+    n = after.requests_total - before.requests_total
+    if n <= 0:
+        return None
+    mean_ms = (after.latency_us_total - before.latency_us_total) / n / 1000.0
+    out = {"requests": n, "mean_ms": round(mean_ms, 3)}
+    if before.queue_latency_us_total is not None and after.queue_latency_us_total is not None:
+        queue_ms = (after.queue_latency_us_total - before.queue_latency_us_total) / n / 1000.0
+        out["queue_ms"] = round(queue_ms, 3)
+        out["worker_ms"] = round(mean_ms - queue_ms, 3)
+    return out
 
 
 def plan_shape(plan: Plan) -> tuple[tuple[int, int], ...]:
@@ -418,6 +444,7 @@ class Bench:
 
     def controller(self):
         """The Packrat controller on this TorchServe: every shape goes live through Controller.apply."""
+        from packrat.apply.swap import SwapSettings
         from packrat.control import Controller, ControllerSettings
 
         if self._controller is None:
@@ -427,6 +454,8 @@ class Bench:
                 model_store=self.model_store,
                 state_dir=self.out / "controller",  # swaps.jsonl: every swap's phases and duration
                 cores=tuple(self.s.cores),
+                metrics_url=self.server.metrics_url,
+                swap=SwapSettings(max_batch_delay_ms=self.s.batch_delay_ms),
             ))
         return self._controller
 
@@ -465,6 +494,14 @@ class Bench:
         st.registered = False
 
     # -- measuring ------------------------------------------------------------------
+    def server_counters(self, model: str) -> Observation | None:
+        """TorchServe's own request counters for `model` (None if the metrics port does not answer)."""
+        try:
+            return self.controller().observe(model)
+        except PackratError as exc:
+            self.note(f"metrics scrape failed: {exc}", model=model)
+            return None
+
     def measure(self, st: _State, batch: int, config: str, plan: Plan | None, target: Target,
                 extra: dict[str, Any] | None = None, deadline: float | None = None,
                 after_swap: bool = False) -> Measurement:
@@ -476,7 +513,9 @@ class Bench:
         bound = self.s.max_point_s
         if deadline is not None:
             bound = max(5.0, min(bound, deadline - time.monotonic()))
+        before = self.server_counters(st.model)
         res: LoadResult = closed_loop(target, batch, n, warmup=warm, max_duration_s=bound)
+        server = server_side(before, self.server_counters(st.model))
         if plan is None:
             inst: tuple[tuple[int, int], ...] = ()
             shape = f"defaults: {self.s.T} workers x torch threads, batch 1"
@@ -488,7 +527,8 @@ class Bench:
         m = Measurement(
             model=st.model.removesuffix("-defaults"), batch=batch, config=config, shape=shape, instances=inst, predicted_ms=pred,
             load=res.summary(),
-            extra={"loadavg_1m_before": round(load_before, 2), "requests": n, "warmup": warm, **(extra or {})},
+            extra={"loadavg_1m_before": round(load_before, 2), "requests": n, "warmup": warm,
+                   **({"server": server} if server else {}), **(extra or {})},
         )
         self.log.measurement(m)
         missing = n - res.ok - res.errors
@@ -574,6 +614,9 @@ class Bench:
                     if same:
                         steps.insert(same[0] + 1, steps.pop())
                 steps.append(("defaults", None))
+                skipped = [c for c, _ in steps if c not in self.s.configs]
+                steps = [(c, p) for c, p in steps if c in self.s.configs]
+                bar.update(len(skipped))
                 for config, plan in steps:
                     if time.monotonic() > model_deadline:
                         self.note("skipped: time budget", model=name, batch=b, config=config)
@@ -595,12 +638,14 @@ class Bench:
                         bar.update(1)
                         continue
                     extra = {"swap": swap} if swap else {"swap": "none: shape already live"}
+                    extra["batch_delay_ms"] = (self.s.batch_delay_ms if self.s.batch_delay_ms is not None
+                                               else batch_delay_ms(plan))
                     if config == "packrat":
                         extra["fat_predicted_ms"] = pk.fat_latency_ms
                     self.measure(st, b, config, plan, self.target(name, body, ctype), extra, deadline=model_deadline,
                                  after_swap=swap is not None)
                     bar.update(1)
-                bar.update(max(0, 2 + len(candidate_plans(self.s.T, b, None)) - len(steps)))
+                bar.update(max(0, 2 + len(candidate_plans(self.s.T, b, None)) - len(steps) - len(skipped)))
         finally:
             bar.set_postfix_str(f"{name}: unregister")
             self.unregister_all(st)

@@ -23,6 +23,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _configs(text: str) -> tuple[str, ...]:
+    from packrat.bench.results import CONFIGS
+
+    chosen = tuple(c.strip() for c in text.split(",") if c.strip())
+    unknown = [c for c in chosen if c not in CONFIGS]
+    if not chosen or unknown:
+        raise ConfigError(f"--configs takes names from {','.join(CONFIGS)}, got {text!r}")
+    return chosen
+
+
 def bench_command(
     model: Optional[list[str]] = typer.Option(
         None, "--model", "-m",
@@ -36,6 +46,11 @@ def bench_command(
     attach: Optional[Path] = typer.Option(None, "--attach", help="Workdir of a running TorchServe to use"),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Use this profile (one model only)"),
     runtime: str = typer.Option("eager", "--runtime", help="Archive runtime: eager | torchscript"),
+    batch_delay_ms: Optional[int] = typer.Option(
+        None, "--batch-delay-ms", min=0,
+        help="maxBatchDelay of every plan [default: Packrat's, a tenth of the predicted batch latency, 5-100 ms]"),
+    configs: Optional[str] = typer.Option(
+        None, "--configs", help="Measure only these of fat,defaults,packrat,oracle [default: all four]"),
     budget_min: Optional[float] = typer.Option(None, "--budget-min", help="Whole-run time bound (minutes)"),
     no_capacity: bool = typer.Option(False, "--no-capacity", help="Skip the load generator's own capacity run"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
@@ -49,12 +64,15 @@ def bench_command(
         if quick and full:
             raise ConfigError("--quick and --full exclude each other")
         kw: dict = dict(requests=requests, attach=attach, profile_path=profile, runtime=runtime,
+                        batch_delay_ms=batch_delay_ms,
                         capacity=not no_capacity, progress=not quiet,
                         command="packrat bench " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []))
         if model:
             kw["models"] = tuple(model)
         if batches:
             kw["batches"] = _ints(batches)
+        if configs:
+            kw["configs"] = _configs(configs)
         if budget_min is not None:
             kw["budget_s"] = budget_min * 60.0
         if quick:
