@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test stop clean
+.PHONY: setup run test bench stop clean
 
 setup: $(VENV)/.installed
 
@@ -23,6 +23,10 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The side-by-side benchmark, full mode (docs/benchmarks.md): ~30-40 min on 2 cores.
+bench: setup
+	$(BIN)/packrat bench --full --out bench-out/full
 
 # Not `torchserve --stop`: it stops whatever server /tmp/.model_server.pid names,
 # which may be another instance (tests, another checkout). This stops ours only.
