@@ -38,19 +38,21 @@ _VERSION_RE = re.compile(r"^p(\d+)$")
 # Collect batches for at least this long (ms) once the first request is in.
 DEFAULT_MAX_BATCH_DELAY_MS = 5
 # TorchServe closes a batch maxBatchDelay after its first request, full or not
-# (Model.pollBatch in 0.12). Clients that were answered together come back a
-# fraction of a millisecond apart each, so B of them need more than 5 ms: the
-# batch closes half full and the rest wait a whole batch (GPT-2, cap 32: two
-# batches of ~16, 2 x L(16) = 2.8 s instead of L(32) = 2.0 s). Waiting a tenth of
-# the batch's own predicted latency to fill it costs at most that tenth.
+# (Model.pollBatch in 0.12). Clients that were answered together come back
+# spread over more than 5 ms when there are many of them: the batch closes part
+# full and the rest wait a whole batch (measured, GPT-2 cap 32 with 5 ms: mean
+# batch 22-24, p50 2.7-3.0 s against a predicted 2.0 s; docs/benchmarks.md).
+# Waiting a tenth of the batch's own predicted latency to fill it costs at most that tenth.
 BATCH_FILL_FRACTION = 0.1
 MAX_BATCH_DELAY_CAP_MS = 100
 
 
-def batch_delay_ms(plan: Plan) -> int:
-    """maxBatchDelay for a plan: a tenth of its slowest instance's predicted batch latency,
-    within [DEFAULT_MAX_BATCH_DELAY_MS, MAX_BATCH_DELAY_CAP_MS]; the floor for a cap of 1
-    or a plan without predictions."""
+def batch_delay_ms(plan: Plan, given: int | None = None) -> int:
+    """maxBatchDelay for a plan: `given` if set, else a tenth of its slowest instance's
+    predicted batch latency, within [DEFAULT_MAX_BATCH_DELAY_MS, MAX_BATCH_DELAY_CAP_MS];
+    the floor for a cap of 1 or a plan without predictions."""
+    if given is not None:
+        return given
     cap = max((i.batch for i in plan.instances), default=1)
     latency = max((i.latency_ms for i in plan.instances), default=0.0)
     if cap <= 1 or latency <= 0:
@@ -201,8 +203,7 @@ def create_version(
     slots = assign_cores(plan, cores)
     plan_id = f"{model}-{version}-{uuid.uuid4().hex[:8]}"
     batch_size = plan.instances[0].batch
-    if max_batch_delay_ms is None:
-        max_batch_delay_ms = batch_delay_ms(plan)
+    max_batch_delay_ms = batch_delay_ms(plan, max_batch_delay_ms)
 
     tmp = store / f".{path.name}.tmp-{uuid.uuid4().hex[:6]}"
     tmp.mkdir()

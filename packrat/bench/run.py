@@ -40,6 +40,7 @@ from packrat.apply.versions import batch_delay_ms
 from packrat.bench.loadgen import LoadResult, Target, closed_loop
 from packrat.bench.results import CONFIGS, Measurement, ResultLog, shape_label
 from packrat.errors import ConfigError, PackratError
+from packrat.observe.metrics import window_means
 from packrat.types import Instance, Observation, Plan, Profile
 
 # TorchServe's own default when default_workers_per_model is unset: one worker
@@ -168,15 +169,13 @@ def server_side(before: Observation | None, after: Observation | None) -> dict[s
     """
     if before is None or after is None:
         return None
-    n = after.requests_total - before.requests_total
-    if n <= 0:
+    w = window_means(before, after)
+    if w.mean_latency_ms is None:
         return None
-    mean_ms = (after.latency_us_total - before.latency_us_total) / n / 1000.0
-    out = {"requests": n, "mean_ms": round(mean_ms, 3)}
-    if before.queue_latency_us_total is not None and after.queue_latency_us_total is not None:
-        queue_ms = (after.queue_latency_us_total - before.queue_latency_us_total) / n / 1000.0
-        out["queue_ms"] = round(queue_ms, 3)
-        out["worker_ms"] = round(mean_ms - queue_ms, 3)
+    out = {"requests": w.requests, "mean_ms": round(w.mean_latency_ms, 3)}
+    if w.mean_queue_ms is not None:
+        out["queue_ms"] = round(w.mean_queue_ms, 3)
+        out["worker_ms"] = round(w.mean_latency_ms - w.mean_queue_ms, 3)
     return out
 
 
@@ -638,8 +637,7 @@ class Bench:
                         bar.update(1)
                         continue
                     extra = {"swap": swap} if swap else {"swap": "none: shape already live"}
-                    extra["batch_delay_ms"] = (self.s.batch_delay_ms if self.s.batch_delay_ms is not None
-                                               else batch_delay_ms(plan))
+                    extra["batch_delay_ms"] = batch_delay_ms(plan, self.s.batch_delay_ms)
                     if config == "packrat":
                         extra["fat_predicted_ms"] = pk.fat_latency_ms
                     self.measure(st, b, config, plan, self.target(name, body, ctype), extra, deadline=model_deadline,

@@ -33,6 +33,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, replace
 
+from packrat.observe.metrics import window_means
 from packrat.types import Observation
 
 
@@ -177,18 +178,10 @@ def estimate(
     if len(samples) < 2 or span < settings.min_span_s:
         return hold, replace(state, samples=samples)
 
-    d_req = obs.requests_total - base.requests_total
-    d_lat_us = obs.latency_us_total - base.latency_us_total
-    d_queue_us = None
-    if obs.queue_latency_us_total is not None and base.queue_latency_us_total is not None:
-        d_queue_us = obs.queue_latency_us_total - base.queue_latency_us_total
-    concurrency = d_lat_us / 1e6 / span
-    idle = d_req == 0 and d_lat_us == 0 and not obs.pending_requests
-    # Arrivals are counted when they come in, latency when they finish: a window
-    # at the start of a load can hold arrivals and no finished request yet.
-    answered = d_req > 0 and d_lat_us > 0
-    mean_latency_ms = d_lat_us / d_req / 1000.0 if answered else None
-    mean_queue_ms = d_queue_us / d_req / 1000.0 if (answered and d_queue_us is not None) else None
+    w = window_means(base, obs)
+    concurrency = w.latency_us / 1e6 / span
+    idle = w.requests == 0 and w.latency_us == 0 and not obs.pending_requests
+    mean_latency_ms, mean_queue_ms = w.mean_latency_ms, w.mean_queue_ms
 
     # An idle window feeds 0 into the EWMA: the estimate decays towards 1 and
     # stays there (round_pow2 clamps at 1); the policy refuses to swap on idle.
@@ -203,7 +196,7 @@ def estimate(
     est = Estimate(
         time_s=obs.time_s, model=obs.model, batch=batch, ready=voted,
         concurrency=concurrency, ewma=ewma, rounded=rounded,
-        request_rate=d_req / span, mean_latency_ms=mean_latency_ms,
+        request_rate=w.requests / span, mean_latency_ms=mean_latency_ms,
         mean_queue_ms=mean_queue_ms, span_s=span, idle=idle,
     )
     return est, replace(state, samples=samples, ewma=ewma, recent=recent, batch=batch,

@@ -133,6 +133,37 @@ def observation(
     return found
 
 
+@dataclass(frozen=True)
+class WindowMeans:
+    """What the counters say about the requests between two readings of one model."""
+
+    requests: float  # arrivals
+    latency_us: float  # summed latency of the requests answered
+    mean_latency_ms: float | None  # None until a request has been answered
+    mean_queue_ms: float | None  # None when unanswered or the queue counter is unknown
+
+
+def window_means(base: Observation, obs: Observation) -> WindowMeans:
+    """Counter deltas from `base` to `obs` and the mean latency / queue time per request.
+
+    Arrivals are counted when they come in, latency when they finish: a window
+    at the start of a load can hold arrivals and no finished request yet, and
+    then has no mean.
+    """
+    d_req = obs.requests_total - base.requests_total
+    d_lat_us = obs.latency_us_total - base.latency_us_total
+    answered = d_req > 0 and d_lat_us > 0
+    d_queue_us = None
+    if obs.queue_latency_us_total is not None and base.queue_latency_us_total is not None:
+        d_queue_us = obs.queue_latency_us_total - base.queue_latency_us_total
+    return WindowMeans(
+        requests=d_req,
+        latency_us=d_lat_us,
+        mean_latency_ms=d_lat_us / d_req / 1000.0 if answered else None,
+        mean_queue_ms=d_queue_us / d_req / 1000.0 if (answered and d_queue_us is not None) else None,
+    )
+
+
 def pending_from_describe(describe: list[dict]) -> int:
     """Queued requests of a model: the sum of jobQueueStatus.pendingRequests over
     the versions in a `GET /models/{m}/all` answer (queued jobs only; batches
