@@ -16,29 +16,33 @@ See docs/handler.md.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-_task = None  # the loaded Task of this worker process
+if TYPE_CHECKING:
+    from packrat_tasks.base import Task
+    from ts.context import Context
+
+_task: Task | None = None  # the loaded Task of this worker process
 
 
-def load_task(model_dir: str, model_yaml_config: dict[str, Any]):
+def load_task(model_dir: str, model_yaml_config: dict[str, Any]) -> Task:
     """Load the archive's model and return its Task (no thread pinning here)."""
     from packrat_tasks import build_task
 
     return build_task(model_dir, model_yaml_config or {})
 
 
-def initialize(context) -> None:
+def initialize(context: Context) -> None:
     global _task
     # First: claim this worker's slot and pin it, before torch starts thread pools
     # and before the model's memory is touched. None when the version has no plan.
-    from packrat.apply.slots import claim_and_pin
+    from packrat.slots import claim_and_pin
 
     claim_and_pin(context.model_yaml_config)
     _task = load_task(context.system_properties["model_dir"], context.model_yaml_config)
 
 
-def handle(data, context):
+def handle(data: list[dict] | None, context: Context) -> list[Any] | None:
     if data is None:  # TorchServe's initialisation call for function entry points
         if _task is None:
             initialize(context)

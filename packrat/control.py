@@ -15,10 +15,14 @@ be killed and restarted at any time without disturbing serving:
   version that is loaded but not the default is drained and unregistered, and
   version directories no version was registered from are deleted.
 
-The re-plan decision is not made here. `tick()` hands a TickContext to an
-injected pure policy `(context) -> (plan or None, new state)` and persists the
-state it returns (after Ray Serve's autoscaling policy), so the policy can be
-tested by calling it and resumes after a restart.
+The re-plan decision is not made here. `tick()` hands a packrat.types.TickContext
+to an injected packrat.types.Policy `(context, state) -> (plan or None, new state)`
+and persists the state it returns (after Ray Serve's autoscaling policy), so
+the policy can be tested by calling it and resumes after a restart.
+
+What the REST API and the CLI ask (status, plans, profile jobs) is answered
+here with typed values (ModelState, ModelStatus, Plan, SwapRecord, Job); they
+only parse and render.
 """
 
 from __future__ import annotations
@@ -28,19 +32,20 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from packrat.apply import versions
-from packrat.apply.client import ManagementClient
-from packrat.apply.swap import SwapRecord, Swapper, SwapSettings, check_workers
-from packrat.errors import ConfigError, PackratError, TorchServeError
+from packrat.apply.client import ManagementClient, scrape_metrics
+from packrat.apply.swap import Swapper, SwapSettings, WorkerCheck, check_workers
+from packrat.errors import BusyError, ConfigError, PackratError, ProfileError, SwapError
+from packrat.jobs import Job, Jobs
 from packrat.observe import metrics
-from packrat.types import Observation, Plan
+from packrat.plan import plan_from_shape, realizable_plan
+from packrat.profile import ProfileSettings, load_profile, open_archive, run_profile, save_profile
+from packrat.types import Observation, Plan, Policy, Profile, SwapRecord, TickContext
 
 DEFAULT_STATE_DIR = Path(".packrat")
 HISTORY_FILE = "swaps.jsonl"
@@ -60,21 +65,11 @@ class ControllerSettings:
 
 
 @dataclass(frozen=True)
-class TickContext:
-    """What a re-plan policy sees at one tick (all of it read, none of it to mutate)."""
+class WorkerState:
+    """One worker as TorchServe describes it, and whether it runs as its slot says."""
 
-    now: float
-    model: str
-    version: str
-    plan: Plan | None
-    observation: Observation | None
-    cores: int
-    profile_path: Path | None
-    swap_in_progress: bool = False  # a swap (e.g. one started over REST) is running
-
-
-# A policy decides from the context and its own state whether to apply a new plan.
-Policy = Callable[[TickContext, dict[str, Any]], tuple[Plan | None, dict[str, Any]]]
+    described: dict[str, Any]  # TorchServe's own fields (id, pid, status, memoryUsage, ...)
+    check: WorkerCheck | None  # None: a version Packrat did not create (no slots to check)
 
 
 @dataclass(frozen=True)
@@ -83,8 +78,27 @@ class ModelState:
     version: str
     url: str
     plan: Plan | None  # None: a plain version Packrat did not create
-    workers: tuple[dict[str, Any], ...]
+    workers: tuple[WorkerState, ...]
     other_versions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ObservedLatency:
+    """TorchServe's counters for one model: overall, and since the previous reading."""
+
+    requests_total: float
+    mean_latency_ms: float | None
+    recent_mean_latency_ms: float | None = None
+    recent_window_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    state: ModelState
+    observed: ObservedLatency | None
+    swap_in_progress: SwapRecord | None
+    last_swaps: tuple[dict[str, Any], ...]  # swaps.jsonl lines of this model
+    adapt: dict[str, Any] | None  # the re-plan loop's view, if it runs
 
 
 class Controller:
@@ -108,8 +122,9 @@ class Controller:
         # One swap at a time per controller (REST calls and ticks share it).
         self._swap_lock = threading.Lock()
         self._lock_fd: int | None = None
-        self._last_metrics: dict[str, tuple[float, float, float]] = {}
+        self._last_observation: dict[str, Observation] = {}
         self.running_swap: SwapRecord | None = None
+        self.jobs = Jobs()
 
     # -- lifecycle ------------------------------------------------------------
     def acquire(self) -> None:
@@ -157,6 +172,11 @@ class Controller:
         return cleaned
 
     # -- reading state ------------------------------------------------------------
+    def management_key(self) -> str | None:
+        """TorchServe's management key as key_file.json holds it now (the REST API's token)."""
+        keys = self.client.keys()
+        return keys.management.key if keys else None
+
     def models(self) -> list[str]:
         return [m["modelName"] for m in self.client.list_models()]
 
@@ -167,26 +187,14 @@ class Controller:
         others = tuple(
             x["modelVersion"] for x in self.client.describe_all(model) if x["modelVersion"] != d["modelVersion"]
         )
-        workers = d.get("workers", [])
-        if vdir is not None:
-            checks = {c.pid: c for c in check_workers(d, vdir)}
-            workers = [
-                {
-                    **w,
-                    "slot": checks[w["pid"]].slot if w["pid"] in checks else None,
-                    "cores": list(checks[w["pid"]].cores or ()) if w["pid"] in checks else None,
-                    "affinity": list(checks[w["pid"]].affinity or ()) if w["pid"] in checks else None,
-                    "torch_threads": checks[w["pid"]].torch_threads if w["pid"] in checks else None,
-                    "as_planned": checks[w["pid"]].ok if w["pid"] in checks else False,
-                }
-                for w in workers
-            ]
+        checks = {c.pid: c for c in check_workers(d, vdir)} if vdir is not None else {}
+        workers = tuple(WorkerState(w, checks.get(w.get("pid"))) for w in d.get("workers", []))
         return ModelState(
             model=model,
             version=d["modelVersion"],
             url=d["modelUrl"],
             plan=vdir.plan if vdir else None,
-            workers=tuple(workers),
+            workers=workers,
             other_versions=others,
         )
 
@@ -212,50 +220,76 @@ class Controller:
         """
         if not self.settings.metrics_url:
             return None
-        url = f"{self.settings.metrics_url.rstrip('/')}/metrics"
-        try:
-            text = requests.get(url, timeout=5).text
-        except requests.RequestException as exc:
-            raise TorchServeError("GET", url, 0, f"unreachable: {exc}") from exc
-        return metrics.observation(text, model, self.clock())
+        return metrics.observation(scrape_metrics(self.settings.metrics_url), model, self.clock())
 
-    def observed_latency(self, model: str) -> dict[str, Any] | None:
+    def observed_latency(self, model: str) -> ObservedLatency | None:
         """Mean latency (ms) overall and since the previous call, from counter deltas."""
         obs = self.observe(model)
         if obs is None:
             return None
-        prev = self._last_metrics.get(model)
-        self._last_metrics[model] = (obs.time_s, obs.requests_total, obs.latency_us_total)
-        out: dict[str, Any] = {
-            "requests_total": obs.requests_total,
-            "mean_latency_ms": (obs.latency_us_total / obs.requests_total / 1000.0) if obs.requests_total else None,
-            "recent_mean_latency_ms": None,
-            "recent_window_s": None,
-        }
-        if prev is not None:
-            dt, dn, dl = obs.time_s - prev[0], obs.requests_total - prev[1], obs.latency_us_total - prev[2]
-            if dn > 0:
-                out["recent_mean_latency_ms"] = dl / dn / 1000.0
-            out["recent_window_s"] = round(dt, 3)
-        return out
+        prev = self._last_observation.get(model)
+        self._last_observation[model] = obs
+        overall = (obs.latency_us_total / obs.requests_total / 1000.0) if obs.requests_total else None
+        if prev is None:
+            return ObservedLatency(obs.requests_total, overall)
+        recent = metrics.window_means(prev, obs)
+        return ObservedLatency(obs.requests_total, overall, recent.mean_latency_ms,
+                               round(obs.time_s - prev.time_s, 3))
 
-    def status(self, model: str) -> dict[str, Any]:
+    def status(self, model: str) -> ModelStatus:
+        return ModelStatus(
+            state=self.model_state(model),
+            observed=self.observed_latency(model),
+            swap_in_progress=self.running_swap,
+            last_swaps=tuple(self.history(model, last=10)),
+            adapt=self.policy.status(model) if self.policy is not None else None,
+        )
+
+    # -- plans and profiles ---------------------------------------------------------
+    def profile_path(self, model: str) -> Path:
+        return self.state_dir / "profiles" / f"{model}.json"
+
+    def profile(self, model: str) -> Profile:
+        """The profile the controller plans `model` from; ProfileError when there is none."""
+        path = self.profile_path(model)
+        if not path.exists():
+            raise ProfileError(
+                f"no profile for {model!r} at {path}: POST /v1/models/{model}/profile first "
+                "(or place a `packrat profile` output there)"
+            )
+        return load_profile(path)
+
+    def plan_for(self, model: str, batch: int, cores: int | None = None) -> Plan:
+        """The optimiser's realisable plan for load `batch` from `model`'s profile."""
+        ncores = cores or len(self.cores)
+        if ncores > len(self.cores):
+            raise ConfigError(f"cores {ncores} exceeds the {len(self.cores)} usable cores")
+        return realizable_plan(self.profile(model), ncores, batch)
+
+    def explicit_plan(self, model: str, shape: Sequence[tuple[int, int]]) -> Plan:
+        """A plan of the given (threads, batch cap) workers, predicted from the profile if it has them."""
+        try:
+            profile: Profile | None = self.profile(model)
+        except ProfileError:
+            profile = None  # explicit plans need no profile; they just have no prediction
+        return plan_from_shape(shape, len(self.cores), profile)
+
+    def start_profile(self, model: str, *, max_batch: int, budget_s: float | None,
+                      cores: int | None = None) -> Job:
+        """Re-profile `model`'s base archive in the background; the job says when it is done."""
         st = self.model_state(model)
-        return {
-            "model": model,
-            "version": st.version,
-            "url": st.url,
-            "plan": versions.plan_to_dict(st.plan) if st.plan else None,
-            # 0 means "not predicted" (an explicit plan applied without a profile).
-            "predicted_latency_ms": (st.plan.predicted_latency_ms or None) if st.plan else None,
-            "observed": self.observed_latency(model),
-            "workers": list(st.workers),
-            "other_versions": list(st.other_versions),
-            "swap_in_progress": self.running_swap.to_dict() if self.running_swap else None,
-            "last_swaps": self.history(model, last=10),
-            # The re-plan loop's view (estimated B, last decisions), if it runs.
-            "adapt": self.policy.status(model) if hasattr(self.policy, "status") else None,
-        }
+        base_dir = self.settings.model_store / self.swapper.base_of(st.url)
+        settings = ProfileSettings(cores=cores or len(self.cores), max_batch=max_batch, budget_s=budget_s)
+        settings.validate(len(self.cores))
+        archive = open_archive(base_dir)
+        out = self.profile_path(model)
+
+        def run() -> dict[str, Any]:
+            prof = run_profile(archive, settings, progress=False)
+            save_profile(prof, out)
+            return {"profile_path": str(out), "points": len(prof.points)}
+
+        return self.jobs.start("profile", model, run)
 
     # -- acting -------------------------------------------------------------------
     def swap_busy(self) -> bool:
@@ -264,18 +298,16 @@ class Controller:
     def apply(self, model: str, plan: Plan) -> SwapRecord:
         """Swap `model` to `plan` (one swap at a time); the attempt is recorded whatever happens."""
         if not self._swap_lock.acquire(blocking=False):
-            raise ConfigError("a swap is already running; try again when it is done")
+            raise BusyError("a swap is already running; try again when it is done")
         try:
             versions.validate_plan(plan, len(self.cores))
             self.swapper.current(model)  # TorchServeError 404 for an unknown model, before anything
-            started = self.clock()
-            self.running_swap = SwapRecord(model, None, None, versions.plan_to_dict(plan), started)
+            self.running_swap = SwapRecord(model, None, None, plan, self.clock())
             try:
                 record = self.swapper.apply(model, plan)
-            except PackratError as exc:
-                rec = getattr(exc, "record", None)
-                if rec is not None:
-                    self._append_history(rec.to_dict())
+            except SwapError as exc:
+                if exc.record is not None:
+                    self._append_history(exc.record.to_dict())
                 raise
             self._append_history(record.to_dict())
             return record
@@ -303,9 +335,6 @@ class Controller:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=1, default=str))
         os.replace(tmp, path)
-
-    def profile_path(self, model: str) -> Path:
-        return self.state_dir / "profiles" / f"{model}.json"
 
     def tick(self) -> list[SwapRecord]:
         """One round of the policy over every model; applies the plans it asks for."""

@@ -6,11 +6,15 @@
     │   └── ProfileMismatchError   measured on another machine/model/mode
     ├── PlanError            no feasible plan for the given cores and batch
     ├── ArchiveError         building a model archive failed
-    ├── TorchServeError      TorchServe's REST API answered with an error
-    └── SwapError            applying a plan failed (and was rolled back)
+    ├── TorchServeError      TorchServe's REST API answered with an error (translated in packrat.apply only)
+    ├── ServerError          a TorchServe process did not start, or its workers did not come up
+    ├── SwapError            applying a plan failed (and was rolled back); carries its record
+    └── BusyError            a swap or a profiling job is already running
 """
 
 from __future__ import annotations
+
+from packrat.types import SwapRecord
 
 
 class PackratError(Exception):
@@ -48,5 +52,17 @@ class TorchServeError(PackratError):
         super().__init__(f"{method} {url} -> HTTP {status}: {body[:500]}")
 
 
+class BusyError(PackratError):
+    """One at a time: a swap (or profiling job) is running; try again when it is done."""
+
+
+class ServerError(PackratError):
+    """Starting a TorchServe process (packrat.server) failed; the message carries its log tail."""
+
+
 class SwapError(PackratError):
-    pass
+    """A swap failed; `record` is its history entry (outcome rolled_back or failed) when it got that far."""
+
+    def __init__(self, message: str, record: SwapRecord | None = None) -> None:
+        super().__init__(message)
+        self.record = record

@@ -1,11 +1,18 @@
-"""Frozen value types that cross stage boundaries (profile -> plan -> apply -> observe).
+"""Frozen value types that cross stage boundaries (profile -> plan -> apply -> observe -> control).
 
-No loose dicts between stages: a profile, a plan and an observation are these.
+No loose dicts between stages: a profile, a plan, a swap record, an
+observation and what a re-plan policy sees at a tick are these. A plan has one
+wire format, `Plan.to_dict()` / `Plan.from_dict()`, used by the CLI, the REST
+API, version directories, decision lines and the bench; profiles have theirs
+in packrat.profile.store.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,69 @@ class Plan:
     def threads_used(self) -> int:
         return sum(i.threads for i in self.instances)
 
+    @property
+    def shape(self) -> tuple[tuple[int, int], ...]:
+        """The workers as (threads, batch cap), widest first: what two plans share when
+        they run alike, whatever batch each was made for."""
+        return tuple(sorted(((i.threads, i.batch) for i in self.instances), reverse=True))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan's one wire format; the derived keys are for readers and ignored on read."""
+        return {
+            "cores": self.cores,
+            "batch": self.batch,
+            "predicted_latency_ms": self.predicted_latency_ms,
+            "fat_latency_ms": self.fat_latency_ms,
+            "expected_speedup": self.expected_speedup,
+            "realizable": self.realizable,
+            "threads_used": self.threads_used,
+            "instances": [
+                {"threads": i.threads, "batch": i.batch, "latency_ms": i.latency_ms}
+                for i in sorted(self.instances, key=lambda i: (i.threads, i.batch), reverse=True)
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Plan:
+        """Read `to_dict()`'s output back; ValueError names what is malformed."""
+        try:
+            return cls(
+                cores=int(d["cores"]),
+                batch=int(d["batch"]),
+                instances=tuple(
+                    Instance(int(i["threads"]), int(i["batch"]), float(i.get("latency_ms") or 0.0))
+                    for i in d["instances"]
+                ),
+                # 0: not predicted (an explicit plan applied without a profile)
+                predicted_latency_ms=float(d.get("predicted_latency_ms") or 0.0),
+                fat_latency_ms=None if d.get("fat_latency_ms") is None else float(d["fat_latency_ms"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"malformed plan record: {d!r}") from exc
+
+
+@dataclass(frozen=True)
+class SwapRecord:
+    """One swap attempt as the controller's history keeps it (apply -> control -> API)."""
+
+    model: str
+    from_version: str | None
+    to_version: str | None
+    plan: Plan
+    started_at: float
+    outcome: str = "running"  # running | applied | rolled_back | failed
+    duration_s: float | None = None
+    phases_s: tuple[tuple[str, float], ...] = ()  # (phase, seconds) in the order they ran
+    error: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["plan"] = self.plan.to_dict()
+        out["phases_s"] = dict(self.phases_s)
+        out["warnings"] = list(self.warnings)
+        return out
+
 
 @dataclass(frozen=True)
 class Observation:
@@ -105,3 +175,38 @@ class Observation:
     latency_us_total: float
     queue_latency_us_total: float | None = None
     pending_requests: int | None = None
+
+
+@dataclass(frozen=True)
+class TickContext:
+    """What a re-plan policy sees at one tick (all of it read, none of it to mutate)."""
+
+    now: float
+    model: str
+    version: str
+    plan: Plan | None
+    observation: Observation | None
+    cores: int
+    profile_path: Path | None
+    swap_in_progress: bool = False  # a swap (e.g. one started over REST) is running
+
+
+class Policy(Protocol):
+    """The controller's re-plan policy (packrat.observe.loop.AdaptiveLoop is the one there is).
+
+    Called once per model per tick with the context and the state it returned
+    last time; returns the plan to apply (or None) and the new state, which the
+    controller persists. The other methods serve the REST API.
+    """
+
+    def __call__(self, ctx: TickContext, state: dict[str, Any]) -> tuple[Plan | None, dict[str, Any]]: ...
+
+    def status(self, model: str) -> dict[str, Any]: ...
+
+    def is_enabled(self, model: str) -> bool: ...
+
+    def set_enabled(self, model: str, enabled: bool) -> None: ...
+
+    def decisions(self, model: str, last: int = 20) -> list[dict[str, Any]]: ...
+
+    def metrics_text(self) -> bytes: ...  # Prometheus text, served at the controller's /metrics

@@ -214,7 +214,7 @@ def bench_torchserve(model: str, mode: str, batches: list[int], results: Results
                      workdir: Path, requests_per_b: int, body: bytes | None = None,
                      ctype: str = "text/plain", shapes=("fat", "thin"), max_length: int | None = None,
                      label: str = "torchserve") -> None:
-    from packrat.apply.server import start_torchserve
+    from packrat.server import start_torchserve
     from packrat.bench.loadgen import Target, closed_loop
 
     cores = sorted(os.sched_getaffinity(0))

@@ -28,7 +28,7 @@ import numpy as np
 import requests
 from PIL import Image
 
-from packrat.apply.server import start_torchserve
+from packrat.server import start_torchserve
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import requests
 
-from packrat.apply.loadcheck import ContinuousLoad, in_windows, percentile
-from packrat.apply.server import start_torchserve
+from packrat.bench.loadcheck import ContinuousLoad, in_windows, percentile
+from packrat.server import start_torchserve
 from packrat.apply.swap import SwapSettings, Swapper
 from packrat.types import Instance, Plan
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Generate docs/optimizer.md: the optimiser's formulation, its plans on the
 paper's 16-core profiles, measured solve times and, if given, the profiles of
-the demo models measured on this machine.
+the demo models (each on the machine its fingerprint names).
 
     .venv/bin/python scripts/optimizer_tables.py [PROFILE.json ...] [-o docs/optimizer.md]
 
@@ -28,12 +28,13 @@ sys.path.insert(0, str(ROOT))
 
 from packrat.commands.plan import run_plan  # noqa: E402
 from packrat.errors import PlanError  # noqa: E402
-from packrat.plan import load_profile, optimal_plan, realizable_gap, realizable_plan  # noqa: E402
+from packrat.plan import optimal_plan, realizable_gap, realizable_plan  # noqa: E402
+from packrat.profile import load_profile  # noqa: E402
 from packrat.plan import knapsack  # noqa: E402
 from packrat.types import Plan, Profile, ProfilePoint  # noqa: E402
 
-SHARED = ROOT.parent / "shared" / "data" / "packrat-icml25"
-SHARED_REL = "../shared/data/packrat-icml25"  # as written in commands run from the repo root
+PAPER_REL = "tests/data/packrat-icml25"  # the paper's profiles, as written in commands run from the repo root
+PAPER = ROOT / PAPER_REL
 PAPER_MODELS = [("ResNet-50", "resnet"), ("Inception-v3", "inception"), ("GPT-2", "gpt2")]
 PAPER_SPEEDUP = {"ResNet-50": 1.53, "Inception-v3": 1.52, "GPT-2": 1.18}
 BATCHES = [2**k for k in range(3, 11)]  # 8 ... 1024
@@ -136,7 +137,7 @@ def cli_example(args: list[str]) -> str:
 
 
 def demo_section(paths: list[Path]) -> list[str]:
-    out = ["## Demo models on this machine", ""]
+    out = ["## Demo models, on the machine each was profiled on", ""]
     out.append(
         "Filled by `scripts/optimizer_tables.py` from profiles written by `packrat profile` "
         "(the paths given on its command line, else `profiles/*.json`). "
@@ -308,7 +309,7 @@ the covering optimum (below) it is always ≥ 0, since a realisable plan covers 
   an instance may get a short batch, costed at its full b_i (an upper bound
   only if latency grows with batch) — and then has a plan for every B that
   fits; ties additionally prefer the smallest Σ b_i after rule 4.
-- `packrat plan` does not check the profile's fingerprint against this machine
+- `packrat plan` does not check the profile's fingerprint against the machine it runs on
   (planning from the paper's profiles is the point of the tables below);
   applying a plan is where a mismatch must stop.
 
@@ -340,12 +341,12 @@ def main() -> int:
 
     out = [INTRO]
     examples = [
-        ["--profile", f"{SHARED_REL}/resnet-default.csv", "--cores", "16", "--batch", "24"],
-        ["--profile", f"{SHARED_REL}/gpt2-default.csv", "--cores", "14", "--batch", "64", "--json"],
-        ["--profile", f"{SHARED_REL}/inception-default.csv", "--cores", "16", "--batch", "40",
+        ["--profile", f"{PAPER_REL}/resnet-default.csv", "--cores", "16", "--batch", "24"],
+        ["--profile", f"{PAPER_REL}/gpt2-default.csv", "--cores", "14", "--batch", "64", "--json"],
+        ["--profile", f"{PAPER_REL}/inception-default.csv", "--cores", "16", "--batch", "40",
          "--realizable"],
-        ["--profile", f"{SHARED_REL}/resnet-default.csv", "--cores", "16", "--batch", "21"],
-        ["--profile", f"{SHARED_REL}/gpt2-default.csv", "--cores", "2", "--batch", "7", "--cover"],
+        ["--profile", f"{PAPER_REL}/resnet-default.csv", "--cores", "16", "--batch", "21"],
+        ["--profile", f"{PAPER_REL}/gpt2-default.csv", "--cores", "2", "--batch", "7", "--cover"],
     ]
     for ex in examples:
         out += ["```", cli_example(ex), "```", ""]
@@ -355,8 +356,8 @@ def main() -> int:
         "",
         "Profiles measured by the Packrat authors (Xeon Gold 6142, PyTorch 1.12.1, "
         "TorchScript, glibc malloc: `*-default.csv`); see "
-        f"`{SHARED_REL}/README.md`. Predicted latencies only — nothing here ran on "
-        "this machine. `n×(tT,bB)`: n instances of T threads with batch B; fat: one "
+        f"`{PAPER_REL}/README.md`. Predicted latencies only — none of these plans "
+        "was run on any machine. `n×(tT,bB)`: n instances of T threads with batch B; fat: one "
         "instance with all T threads and the whole batch; gap: realisable over "
         "unconstrained latency.",
         "",
@@ -364,7 +365,7 @@ def main() -> int:
     summary = ["| model | T | mean predicted speedup (B = 8…1024) | paper (measured, T = 16) |",
                "|---|---:|---:|---:|"]
     for model, stem in PAPER_MODELS:
-        path = SHARED / f"{stem}-default.csv"
+        path = PAPER / f"{stem}-default.csv"
         if not path.exists():
             out += [f"### {model}", "", f"`{path.name}` not found.", ""]
             continue
@@ -398,7 +399,7 @@ def main() -> int:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for model, stem in PAPER_MODELS:
-        path = SHARED / f"{stem}-default.csv"
+        path = PAPER / f"{stem}-default.csv"
         if path.exists():
             profile = load_profile(path)
             for cores in CORES:
@@ -407,7 +408,7 @@ def main() -> int:
 
     synth = synthetic_profile(64, 1024)
     opt_s, real_s = time_solve(synth, 64, 1024)
-    resnet = SHARED / "resnet-default.csv"
+    resnet = PAPER / "resnet-default.csv"
     load = os.getloadavg()[0]
     # This script keeps one core busy itself; beyond that plus half the cores,
     # other work is competing and the timings are noisy: say so.

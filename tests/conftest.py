@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from packrat.apply.server import RunningServer, start_torchserve
+from packrat.server import RunningServer, start_torchserve
 
 
 def _build_tiny_store(store: Path) -> Path:

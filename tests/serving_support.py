@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from packrat.apply.server import RunningServer
+from packrat.server import RunningServer
 
 
 def ensure_registered(server: RunningServer, *names: str) -> None:

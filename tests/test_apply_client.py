@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from packrat.apply.client import ManagementClient, read_key_file
+from packrat.apply.client import ManagementClient
+from packrat.apply.keys import read_keys
 from packrat.errors import TorchServeError
 
 
@@ -61,11 +62,11 @@ def test_rejected_key_is_refreshed_and_the_call_retried(torchserve) -> None:
     assert isinstance(client.list_models(), list)
     other = ManagementClient(torchserve.management_url, key_file)
     other.refresh_management_key()  # TorchServe now has another management key
-    rotated = read_key_file(key_file).management.key
+    rotated = read_keys(key_file).management.key
     assert rotated != stale["management"]["key"]
     _rewrite(key_file, stale)  # ... but the file shows the old one again
     assert isinstance(client.list_models(), list)  # 400 -> refresh via the API key -> retry -> 200
-    fresh = read_key_file(key_file).management.key
+    fresh = read_keys(key_file).management.key
     assert fresh not in (stale["management"]["key"], rotated)
 
 
@@ -78,7 +79,7 @@ def test_key_past_its_expiry_is_refreshed_before_the_call(torchserve) -> None:
     _rewrite(key_file, data)
     client = ManagementClient(torchserve.management_url, key_file)
     assert isinstance(client.list_models(), list)
-    after = read_key_file(key_file)
+    after = read_keys(key_file)
     assert after.management.key != before
     assert after.management.expires is not None and after.management.expires.timestamp() > time.time()
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from packrat.apply import versions
-from packrat.apply.loadcheck import ContinuousLoad
-from packrat.apply.server import start_torchserve
+from packrat.bench.loadcheck import ContinuousLoad
+from packrat.server import start_torchserve
 from packrat.apply.swap import SwapSettings, Swapper, check_workers, proc_affinity
 from packrat.errors import SwapError
 from packrat.types import Instance, Plan

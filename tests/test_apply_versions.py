@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from packrat.apply import versions
-from packrat.apply.slots import parse_slots
-from packrat.apply.swap import parse_cpu_list
+from packrat.slots import parse_cpu_list
 from packrat.errors import ConfigError
+from packrat.slots import parse_slots
 from packrat.types import Instance, Plan
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from packrat.bench.run import BenchSettings, candidate_plans, plan_shape, predicted, quick_settings, server_side
+from packrat.bench.run import BenchSettings, predicted, quick_settings, server_side
 from packrat.cli import app
+from packrat.plan import every_uniform_plan
 from packrat.types import Observation, Profile, ProfilePoint
 
 
@@ -19,21 +20,21 @@ def _profile() -> Profile:
 
 
 def test_candidates_are_the_uniform_shapes_fat_first() -> None:
-    shapes = [plan_shape(p) for p in candidate_plans(2, 8, _profile())]
+    shapes = [p.shape for p in every_uniform_plan(2, 8, _profile())]
     # i = 1: 1 worker x 2 threads x cap 8 (fat); i = 2: 2 workers x 1 thread x cap 4
     assert shapes == [((2, 8),), ((1, 4), (1, 4))]
     # B = 1 admits one worker only; B = 3 on 2 cores: caps ceil(3/2) = 2
-    assert [plan_shape(p) for p in candidate_plans(2, 1, None)] == [((2, 1),)]
-    assert [plan_shape(p) for p in candidate_plans(2, 3, None)] == [((2, 3),), ((1, 2), (1, 2))]
+    assert [p.shape for p in every_uniform_plan(2, 1, None)] == [((2, 1),)]
+    assert [p.shape for p in every_uniform_plan(2, 3, None)] == [((2, 3),), ((1, 2), (1, 2))]
 
 
 def test_candidate_predictions_come_from_the_profile() -> None:
-    fat, thin = candidate_plans(2, 8, _profile())
+    fat, thin = every_uniform_plan(2, 8, _profile())
     assert predicted(fat) == pytest.approx(10.0 * 8 / 2)  # L(2, 8)
     assert predicted(thin) == pytest.approx(10.0 * 4 / 1)  # L(1, 4)
     assert fat.fat_latency_ms == pytest.approx(40.0)
     # unprofiled cap (3) -> no prediction rather than a guess
-    assert predicted(candidate_plans(2, 3, _profile())[0]) is None
+    assert predicted(every_uniform_plan(2, 3, _profile())[0]) is None
 
 
 def test_request_counts_scale_with_load() -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from packrat.apply.loadcheck import ContinuousLoad
-from packrat.apply.server import free_ports, start_torchserve
+from packrat.bench.loadcheck import ContinuousLoad
+from packrat.server import free_ports, start_torchserve
 from packrat.plan import realizable_plan
 from packrat.profile.store import save_profile
 from packrat.types import Profile, ProfilePoint

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from packrat.apply.server import start_torchserve
+from packrat.server import start_torchserve
 from serving_support import ensure_registered, predict, predict_together
 
 pytestmark = pytest.mark.torchserve

@@ -20,10 +20,10 @@ import requests
 
 from packrat.observe.loop import AdaptSettings
 from packrat.observe.policy import PolicySettings
-from packrat.observe.predict import same_shape
 from packrat.bench.adapt_rig import Rig, sleep_table, table_profile
 from packrat.bench.stepload import Step, StepLoad
-from packrat.plan import realizable_plan
+from packrat.plan import realizable_plan, same_shape
+from packrat.types import Plan
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -38,10 +38,6 @@ CONVERGE_WITHIN_S = 55.0
 # saw it jump to 2x within seconds) and would make the expected plans depend on
 # them. Its effect on the choice is covered in test_observe_policy.py.
 SETTINGS = AdaptSettings(policy=PolicySettings(min_dwell_s=20.0, use_correction=False))
-
-
-def shape(workers) -> list:
-    return sorted(tuple(w) for w in workers)
 
 
 def test_steps_converge_with_one_swap_each(tmp_path: Path) -> None:
@@ -110,21 +106,21 @@ def test_steps_converge_with_one_swap_each(tmp_path: Path) -> None:
             else:
                 break
         assert tail >= 3, (level, [(round(d["time_s"] - t0, 1), d["estimated_batch"], d["reason"],
-                                    d["target"] and d["target"]["workers"]) for d in in_step[-25:]])
+                                    d["target"] and d["target"]["instances"]) for d in in_step[-25:]])
         converged_at = in_step[len(in_step) - tail]["time_s"] - t0
         assert converged_at <= CONVERGE_WITHIN_S
         running = in_step[-1]
         report.append((level, round(converged_at, 1), len(swaps),
-                       swaps[0]["target"]["workers"] if swaps else None,
+                       swaps[0]["target"]["instances"] if swaps else None,
                        running["latency_gap"]))
         if swaps:
             # the plan for this level: the optimiser's, unless the measured gap
             # (contention correction) made another plan for the same B better
             target = swaps[0]["target"]
             assert target["batch"] == level
-            optimiser = shape([[i.threads, i.batch] for i in expected[level].instances])
-            assert shape(swaps[0]["optimiser_choice"]["workers"]) == optimiser
-            assert shape(target["workers"]) == optimiser or swaps[0]["correction_changed_choice"]
+            assert Plan.from_dict(swaps[0]["optimiser_choice"]).shape == expected[level].shape
+            assert (Plan.from_dict(target).shape == expected[level].shape
+                    or swaps[0]["correction_changed_choice"])
     print("adaptation per step (level, converged after s, swaps, plan, gap):", report)
 
     # 3. the decisions are visible in status and counted in /metrics

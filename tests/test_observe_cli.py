@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from packrat.apply.server import free_ports, start_torchserve
+from packrat.server import free_ports, start_torchserve
 from packrat.bench.adapt_rig import sleep_table, table_profile
 from packrat.bench.stepload import Step, StepLoad
 from packrat.plan import realizable_plan

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from packrat.control import TickContext
+from packrat.types import TickContext
 from packrat.observe.loop import AdaptiveLoop, adapt_settings
-from packrat.observe.predict import same_shape
+from packrat.plan import same_shape
 from packrat.bench.adapt_rig import sleep_table, table_profile
 from packrat.plan import realizable_plan
 from packrat.profile.store import save_profile

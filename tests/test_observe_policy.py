@@ -232,7 +232,7 @@ def test_decision_json_and_state_round_trip() -> None:
     d, st = decide(STABLE8, ctx(10, est(8, observed_ms=90.0), FAT8, 100.0, THIN8))
     line = json.dumps(d.to_json())  # one structured log line
     back = json.loads(line)
-    assert back["reason"] == "gain" and back["target"]["workers"] == [[1, 2]] * 4
+    assert back["reason"] == "gain" and Plan.from_dict(back["target"]) == THIN8
     assert policy_state_from_json(json.loads(json.dumps(policy_state_to_json(st)))) == st
     es = EstimatorState(samples=(Observation(1.0, "m", 2.0, 3.0, 0.5, None),), ewma=2.5,
                         recent=(2, 4), batch=2, resets=1, voted=True, latency_ms=12.5)

@@ -17,7 +17,7 @@ import pytest
 from packrat.observe.estimator import EstimatorState, estimate
 from packrat.observe.metrics import observation
 from packrat.observe.policy import PolicyContext, PolicySettings, PolicyState, decide
-from packrat.observe.predict import (
+from packrat.plan.candidates import (
     latency_at_or_above,
     plan_latency_at,
     same_shape,

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from packrat.errors import ProfileError
-from packrat.plan import load_profile, optimal_plan
+from packrat.plan import optimal_plan
+from packrat.profile import load_profile
+from packrat.types import Plan
 from packrat.profile.store import save_profile
 from packrat.types import Fingerprint, Profile, ProfilePoint
 
@@ -40,8 +42,9 @@ def test_json_shape_on_paper_profile():
     r = packrat("plan", "--profile", str(RESNET), "--cores", "16", "--batch", "24", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)  # exactly one JSON object, nothing else on stdout
+    # the one plan wire format (packrat.types.Plan.to_dict), as REST and version files write it
     assert list(out) == ["cores", "batch", "predicted_latency_ms", "fat_latency_ms",
-                         "expected_speedup", "instances"]
+                         "expected_speedup", "realizable", "threads_used", "instances"]
     assert out["cores"] == 16 and out["batch"] == 24
     # 24 is not profiled: no fat baseline, no speedup
     assert out["fat_latency_ms"] is None and out["expected_speedup"] is None
@@ -55,6 +58,7 @@ def test_json_shape_on_paper_profile():
     # the same answer as the library on the same file
     lib = optimal_plan(load_profile(RESNET), 16, 24)
     assert out["predicted_latency_ms"] == lib.predicted_latency_ms
+    assert Plan.from_dict(out).shape == lib.shape and out["realizable"] == lib.realizable
 
 
 def test_json_small_profile_with_fat_and_speedup(small_csv: Path):

@@ -19,5 +19,5 @@ def test_plan_imports_no_torch_or_http():
 
 def test_public_names_are_declared():
     public = {n for n in vars(packrat.plan) if not n.startswith("_")}
-    submodules = {"io", "knapsack", "modes", "plot", "annotations"}
+    submodules = {"candidates", "knapsack", "modes", "plot", "annotations"}
     assert set(packrat.plan.__all__) == public - submodules

@@ -13,6 +13,7 @@ import pytest
 
 from packrat.profile import load_profile, open_archive
 from packrat.profile.fingerprint import current_fingerprint
+from packrat.slots import parse_cpu_list
 from profile_support import make_tiny_archive
 
 CORES = sorted(os.sched_getaffinity(0))
@@ -23,15 +24,6 @@ def packrat(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "packrat.cli", *args], capture_output=True, text=True, timeout=timeout
     )
-
-
-def _cpus(cpus_allowed_list: str) -> set[int]:
-    """Parse the kernel's list format, e.g. "0-1,4" -> {0, 1, 4}."""
-    out: set[int] = set()
-    for part in cpus_allowed_list.split(","):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 @needs_two_cores
@@ -58,8 +50,8 @@ def test_real_tiny_archive_profile_t2_b4(tmp_path):
         assert p.mean_ms > 0 and p.count >= 1 and p.p50_ms <= p.p99_ms
         # pinning was applied in the child before torch started its pools:
         # the process and every one of its threads may run on exactly the first t cores
-        assert _cpus(p.meta["cpus_allowed_list"]) == set(CORES[: p.threads])
-        assert [_cpus(c) for c in p.meta["thread_cpu_lists"]] == [set(CORES[: p.threads])]
+        assert set(parse_cpu_list(p.meta["cpus_allowed_list"])) == set(CORES[: p.threads])
+        assert [set(parse_cpu_list(c)) for c in p.meta["thread_cpu_lists"]] == [set(CORES[: p.threads])]
         assert p.meta["torch_threads"] == p.threads and p.meta["interop_threads"] == 1
     # one worker process per thread count, each timing all its batch sizes
     pids = {t: {p.meta["pid"] for p in profile.points if p.threads == t} for t in (1, 2)}

@@ -8,7 +8,7 @@ import os
 import pytest
 import requests
 
-from packrat.apply.server import start_torchserve
+from packrat.server import start_torchserve
 from serving_support import ensure_registered
 
 pytestmark = pytest.mark.torchserve
@@ -79,11 +79,11 @@ def _alive(pid: int) -> bool:
 
 
 def test_start_failure_reports_log_tail(tiny_store, tmp_path) -> None:
-    from packrat.errors import TorchServeError
+    from packrat.errors import ServerError
 
     bad = tmp_path / "bad.properties"
     bad.write_text("inference_address=http://127.0.0.1:notaport\n")
-    with pytest.raises(TorchServeError) as info:
+    with pytest.raises(ServerError) as info:
         start_torchserve(tiny_store, tmp_path / "w", config_template=bad, timeout_s=60,
                          extra_properties={"inference_address": "http://127.0.0.1:notaport"})
     assert "torchserve.out" in str(info.value) or "ts_log" in str(info.value)

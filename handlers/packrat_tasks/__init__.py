@@ -8,7 +8,10 @@ imported when a task is built.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from packrat_tasks.base import Task
 
 # task name -> (module, class)
 TASKS = {
@@ -20,7 +23,7 @@ TASKS = {
 }
 
 
-def build_task(model_dir: str, config: dict[str, Any]):
+def build_task(model_dir: str, config: dict[str, Any]) -> Task:
     name = (config.get("packrat") or {}).get("task")
     if name not in TASKS:
         raise ValueError(f"model_config.yaml packrat.task must be one of {sorted(TASKS)}, got {name!r}")

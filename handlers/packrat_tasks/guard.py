@@ -22,7 +22,10 @@ silently. fp32 eager is the reference itself and is not compared.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULTS: dict[str, float] = {
     "samples": 8,               # inputs compared (texts / images / prompts)
@@ -103,7 +106,7 @@ def guard_requests(task: Any, th: dict[str, float]) -> list[dict]:
         texts = [_fit(task, GUARD_TEXTS[i % len(GUARD_TEXTS)]) for i in range(n)]
         return [{"body": t.encode("utf-8")} for t in texts]
     if task.name == "image-classification":
-        from packrat_tasks.image import sample_jpeg
+        from packrat_tasks.samples import sample_jpeg
 
         sizes = ((320, 240), (256, 256), (400, 300), (240, 320))
         return [{"body": sample_jpeg(*sizes[i % len(sizes)], seed=100 + i)} for i in range(n)]
@@ -129,7 +132,8 @@ def _fmt(ok: bool) -> str:
     return "ok" if ok else "FAIL"
 
 
-def compare_classification(mode: str, ref, cand, th: dict[str, float]) -> GuardReport:
+def compare_classification(mode: str, ref: torch.Tensor, cand: torch.Tensor,
+                           th: dict[str, float]) -> GuardReport:
     import torch
 
     ref, cand = ref.float(), cand.float()
@@ -165,7 +169,8 @@ def compare_classification(mode: str, ref, cand, th: dict[str, float]) -> GuardR
     return GuardReport(mode, "classification", ok, metrics, th, message)
 
 
-def compare_embedding(mode: str, ref, cand, th: dict[str, float]) -> GuardReport:
+def compare_embedding(mode: str, ref: torch.Tensor, cand: torch.Tensor,
+                      th: dict[str, float]) -> GuardReport:
     import torch
 
     cos = torch.nn.functional.cosine_similarity(ref.float(), cand.float(), dim=-1)

@@ -14,7 +14,7 @@ import binascii
 import io
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +22,10 @@ from PIL import Image, UnidentifiedImageError
 
 from packrat_tasks.base import Batch, RequestError, Task, get_field, reject_form, request_value
 from packrat_tasks.runtime import build_runner
+from packrat_tasks.samples import sample_jpeg
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
@@ -44,23 +48,12 @@ def to_pixels(img: Image.Image) -> np.ndarray:
 
 
 class _Logits(torch.nn.Module):
-    def __init__(self, model) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, pixel_values):
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.model(pixel_values=pixel_values, return_dict=False)[0]
-
-
-def sample_jpeg(width: int = 320, height: int = 240, seed: int = 0) -> bytes:
-    """A deterministic photo-like JPEG: smooth gradients plus noise."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    base = np.stack([x / width, y / height, (x + y) / (width + height)], axis=-1) * 200
-    arr = np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="JPEG", quality=90)
-    return buf.getvalue()
 
 
 class ImageClassificationTask(Task):

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 PRECISIONS = ("fp32", "bf16", "int8")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 arithmetic
@@ -83,7 +86,7 @@ def autocast_context(precision: str) -> Callable[[], contextlib.AbstractContextM
     return contextlib.nullcontext
 
 
-def quantize_int8(module):
+def quantize_int8(module: torch.nn.Module) -> torch.nn.Module:
     """Dynamic int8 quantisation of every nn.Linear; returns a new module (the input is kept).
 
     torch.ao.quantization is deprecated in favour of torchao (not installed here)
@@ -102,7 +105,7 @@ def quantize_int8(module):
         )
 
 
-def _conv1d_to_linear(module):
+def _conv1d_to_linear(module: torch.nn.Module) -> torch.nn.Module:
     """GPT-2's projections are transformers' Conv1D (y = x @ W + b, W of shape in x out),
     which quantize_dynamic does not know; swap each for the equivalent nn.Linear (W.T)
     so int8 reaches them, not only the LM head."""
@@ -122,7 +125,9 @@ def _conv1d_to_linear(module):
     return module
 
 
-def prepare_torch(module, precision: str):
+def prepare_torch(
+    module: torch.nn.Module, precision: str
+) -> tuple[torch.nn.Module, Callable[[], contextlib.AbstractContextManager]]:
     """(module to run, context factory) for the torch runtimes (eager/torchscript/inductor)."""
     if precision == "bf16":
         check_bf16()

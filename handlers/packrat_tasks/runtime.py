@@ -38,9 +38,16 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from packrat_tasks.precision import PRECISIONS, PrecisionError, precision_name, prepare_torch
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from packrat_tasks.base import Task
+    from packrat_tasks.generation import TextGenerationTask
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +55,11 @@ RUNTIMES: dict[str, Callable[..., Callable[..., Any]]] = {}
 # Runtimes that accept any input shape: text is not padded to max_length for them.
 DYNAMIC_SHAPES = {"eager", "onnxruntime", "openvino"}
 
+_Builder = TypeVar("_Builder", bound=Callable[..., Callable[..., Any]])
 
-def runtime(name: str):
-    def register(fn):
+
+def runtime(name: str) -> Callable[[_Builder], _Builder]:
+    def register(fn: _Builder) -> _Builder:
         RUNTIMES[name] = fn
         return fn
 
@@ -85,7 +94,7 @@ class Runner:
     guard: dict[str, Any] | None = None  # GuardReport.as_dict(); None for fp32-eager
     info: dict[str, Any] = field(default_factory=dict)  # runtime details (e.g. OpenVINO properties)
 
-    def __call__(self, *tensors):
+    def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
         return self.fn(*tensors)
 
     def summary(self) -> dict[str, Any]:
@@ -112,7 +121,8 @@ def memory_mb() -> tuple[float, float]:
     return rss, peak
 
 
-def make_runner(module, example_inputs: tuple, config: dict[str, Any]) -> Runner:
+def make_runner(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
+                config: dict[str, Any]) -> Runner:
     """A warmed-up Runner for `module` in the configured mode (no accuracy guard)."""
     import torch
 
@@ -136,18 +146,19 @@ def make_runner(module, example_inputs: tuple, config: dict[str, Any]) -> Runner
     return runner
 
 
-def eager_reference(module) -> Callable[..., Any]:
+def eager_reference(module: torch.nn.Module) -> Callable[..., torch.Tensor]:
     """fp32 eager: what every mode is compared with."""
     import torch
 
-    def run(*tensors):
+    def run(*tensors: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
             return module(*tensors)
 
     return run
 
 
-def build_runner(task, module, example_inputs: tuple, config: dict[str, Any], kind: str) -> Runner:
+def build_runner(task: Task, module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
+                 config: dict[str, Any], kind: str) -> Runner:
     """make_runner() plus the accuracy guard; sets and returns task.runner.
 
     `kind` is "classification" or "embedding". The guard's inputs go through
@@ -178,7 +189,7 @@ def build_runner(task, module, example_inputs: tuple, config: dict[str, Any], ki
     return runner
 
 
-def build_generation(task, config: dict[str, Any]) -> Runner:
+def build_generation(task: TextGenerationTask, config: dict[str, Any]) -> Runner:
     """Precision for text-generation (greedy decoding runs eager): sets task.model and
     task.autocast, warms up, and guards the first greedy tokens against fp32.
 
@@ -222,7 +233,7 @@ def build_generation(task, config: dict[str, Any]) -> Runner:
 
 # -- torch runtimes ---------------------------------------------------------
 
-def _channels_last(module, example_inputs: tuple) -> bool:
+def _channels_last(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> bool:
     """Convolution models (4-D image input) run NHWC: oneDNN's fast layout."""
     import torch
 
@@ -232,7 +243,7 @@ def _channels_last(module, example_inputs: tuple) -> bool:
     return False
 
 
-def _nhwc(tensors: tuple, on: bool) -> tuple:
+def _nhwc(tensors: tuple[torch.Tensor, ...], on: bool) -> tuple[torch.Tensor, ...]:
     import torch
 
     if not on:
@@ -241,14 +252,15 @@ def _nhwc(tensors: tuple, on: bool) -> tuple:
 
 
 @runtime("eager")
-def _eager(module, example_inputs, config, precision, runner) -> Callable[..., Any]:
+def _eager(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], config: dict[str, Any],
+           precision: str, runner: Runner) -> Callable[..., torch.Tensor]:
     import torch
 
     module, ctx = prepare_torch(module, precision)
     nhwc = _channels_last(module, example_inputs)
     runner.info["channels_last"] = nhwc
 
-    def run(*tensors):
+    def run(*tensors: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(), ctx():
             return module(*_nhwc(tensors, nhwc)).float()
 
@@ -256,7 +268,8 @@ def _eager(module, example_inputs, config, precision, runner) -> Callable[..., A
 
 
 @runtime("torchscript")
-def _torchscript(module, example_inputs, config, precision, runner) -> Callable[..., Any]:
+def _torchscript(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], config: dict[str, Any],
+                 precision: str, runner: Runner) -> Callable[..., torch.Tensor]:
     import torch
 
     module, ctx = prepare_torch(module, precision)
@@ -271,7 +284,7 @@ def _torchscript(module, example_inputs, config, precision, runner) -> Callable[
         if precision != "int8":  # its passes do not know quantised linear packs
             frozen = torch.jit.optimize_for_inference(frozen)
 
-    def run(*tensors):
+    def run(*tensors: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), ctx():
             return frozen(*_nhwc(tensors, nhwc)).float()
 
@@ -279,7 +292,8 @@ def _torchscript(module, example_inputs, config, precision, runner) -> Callable[
 
 
 @runtime("inductor")
-def _inductor(module, example_inputs, config, precision, runner) -> Callable[..., Any]:
+def _inductor(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], config: dict[str, Any],
+              precision: str, runner: Runner) -> Callable[..., torch.Tensor]:
     import torch
 
     if precision == "int8":
@@ -301,7 +315,7 @@ def _inductor(module, example_inputs, config, precision, runner) -> Callable[...
     for t in example_inputs:
         torch._dynamo.mark_dynamic(t, 0)
 
-    def run(*tensors):
+    def run(*tensors: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), ctx():
             return compiled(*_nhwc(tensors, nhwc)).float()
 
@@ -309,7 +323,8 @@ def _inductor(module, example_inputs, config, precision, runner) -> Callable[...
 
 
 @runtime("ipex")
-def _ipex(module, example_inputs, config, precision, runner) -> Callable[..., Any]:
+def _ipex(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], config: dict[str, Any],
+          precision: str, runner: Runner) -> Callable[..., torch.Tensor]:
     import torch
 
     try:
@@ -327,7 +342,7 @@ def _ipex(module, example_inputs, config, precision, runner) -> Callable[..., An
     with torch.no_grad(), ctx():
         frozen = torch.jit.freeze(torch.jit.trace(module, example_inputs, check_trace=False).eval())
 
-    def run(*tensors):
+    def run(*tensors: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), ctx():
             return frozen(*tensors).float()
 
@@ -336,7 +351,8 @@ def _ipex(module, example_inputs, config, precision, runner) -> Callable[..., An
 
 # -- ONNX runtimes ----------------------------------------------------------
 
-def export_onnx(module, example_inputs: tuple, directory: str, precision: str) -> str:
+def export_onnx(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], directory: str,
+                precision: str) -> str:
     """The module as an ONNX file in `directory` (batch and sequence axes dynamic).
 
     torch 2.13's default exporter is the dynamo one (needs onnxscript);
@@ -368,12 +384,13 @@ def export_onnx(module, example_inputs: tuple, directory: str, precision: str) -
     return path
 
 
-def _feeds(names: list[str], tensors: tuple) -> list:
+def _feeds(names: list[str], tensors: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
     return [t.contiguous().numpy() for t in tensors]
 
 
 @runtime("onnxruntime")
-def _onnxruntime(module, example_inputs, config, precision, runner) -> Callable[..., Any]:
+def _onnxruntime(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], config: dict[str, Any],
+                 precision: str, runner: Runner) -> Callable[..., torch.Tensor]:
     import onnxruntime as ort
     import torch
 
@@ -395,7 +412,7 @@ def _onnxruntime(module, example_inputs, config, precision, runner) -> Callable[
     runner.info["onnxruntime"] = {"version": ort.__version__, "intra_op_num_threads": threads,
                                   "inter_op_num_threads": 1}
 
-    def run(*tensors):
+    def run(*tensors: torch.Tensor) -> torch.Tensor:
         out = session.run(None, dict(zip(names, _feeds(names, tensors))))[0]
         return torch.from_numpy(out)
 
@@ -415,7 +432,8 @@ def openvino_properties(threads: int, precision: str) -> dict[str, Any]:
 
 
 @runtime("openvino")
-def _openvino(module, example_inputs, config, precision, runner) -> Callable[..., Any]:
+def _openvino(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], config: dict[str, Any],
+              precision: str, runner: Runner) -> Callable[..., torch.Tensor]:
     import openvino as ov
     import torch
 
@@ -436,7 +454,7 @@ def _openvino(module, example_inputs, config, precision, runner) -> Callable[...
            ("INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT", "NUM_STREAMS", "ENABLE_CPU_PINNING")},
     }
 
-    def run(*tensors):
+    def run(*tensors: torch.Tensor) -> torch.Tensor:
         result = request.infer(_feeds([], tensors))
         # infer() returns views of the request's own buffers: copy before the next call.
         return torch.from_numpy(result[0].copy())

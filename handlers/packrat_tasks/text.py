@@ -10,12 +10,15 @@ rather than silently truncated.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from packrat_tasks.base import Batch, RequestError, Task, get_field, parse_json_or_text
 from packrat_tasks.runtime import build_runner, needs_fixed_shapes
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SAMPLE_SENTENCE = (
     "The quick brown fox jumps over the lazy dog while the servers in the data centre "
@@ -23,7 +26,7 @@ SAMPLE_SENTENCE = (
 )
 
 
-def sample_text(tokenizer, n_tokens: int) -> str:
+def sample_text(tokenizer: PreTrainedTokenizerBase, n_tokens: int) -> str:
     """A plain English text that tokenises to at most n_tokens (special tokens included)."""
     words = (SAMPLE_SENTENCE * (n_tokens // 8 + 2)).split()
     lo, hi = 1, len(words)
@@ -37,22 +40,22 @@ def sample_text(tokenizer, n_tokens: int) -> str:
 
 
 class _Classifier(torch.nn.Module):
-    def __init__(self, model) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
 
 
 class _MeanPooledEncoder(torch.nn.Module):
     """Encoder + mean pooling over real tokens + L2 normalisation, in one graph."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         summed = (hidden * mask).sum(dim=1)

@@ -1,6 +1,7 @@
-"""The only code that talks to TorchServe's management API.
+"""The only code that talks to TorchServe's REST API: management calls and metrics scrapes.
 
-Every call goes through `ManagementClient._request`, which
+`scrape_metrics(url)` reads the metrics port (Prometheus text, no token).
+Every management call goes through `ManagementClient._request`, which
 - sends `Authorization: Bearer <management key>` read from key_file.json,
 - retries connection failures a few times (tenacity; TorchServe may be busy
   starting workers on a 2-core box),
@@ -8,7 +9,7 @@ Every call goes through `ManagementClient._request`, which
   a wrong *or expired* key) re-reads the key file, regenerates the management
   key through the token API if the file's key is expired too, and retries once,
 - translates every error answer into `TorchServeError(method, url, status, body)`
-  here and nowhere else (`raise ... from exc`).
+  here and nowhere else (`raise ... from exc`); so does scrape_metrics.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from packrat.apply.keys import Keys, parse_keys
+from packrat.apply.keys import Keys, read_keys
 from packrat.errors import TorchServeError
 
 # TorchServe 0.12 answers a missing, wrong or expired key with HTTP 400 and this text.
@@ -31,13 +32,17 @@ _TOKEN_FAILED = "Token Authorization failed"
 DEFAULT_EXPIRY_MARGIN_S = 2.0
 
 
-def read_key_file(key_file: str | Path) -> Keys:
-    """Parse key_file.json (format in packrat.apply.keys); the one place the controller reads it."""
-    path = Path(key_file)
+def scrape_metrics(metrics_url: str, *, timeout_s: float = 5.0,
+                   session: requests.Session | None = None) -> str:
+    """GET `<metrics_url>/metrics`: TorchServe's Prometheus text (the metrics port has no token)."""
+    url = f"{metrics_url.rstrip('/')}/metrics"
     try:
-        return parse_keys(json.loads(path.read_text()))
-    except (OSError, ValueError) as exc:
-        raise TorchServeError("READ", str(path), 0, f"cannot read TorchServe keys: {exc}") from exc
+        resp = (session or requests).get(url, timeout=timeout_s)
+    except requests.RequestException as exc:
+        raise TorchServeError("GET", url, 0, f"unreachable: {exc}") from exc
+    if resp.status_code >= 400:
+        raise TorchServeError("GET", url, resp.status_code, resp.text)
+    return resp.text
 
 
 class _Unreachable(Exception):
@@ -74,7 +79,7 @@ class ManagementClient:
         except FileNotFoundError as exc:
             raise TorchServeError("READ", str(self.key_file), 0, "key file not found") from exc
         if self._keys is None or mtime != self._keys_mtime:
-            self._keys = read_key_file(self.key_file)
+            self._keys = read_keys(self.key_file)
             self._keys_mtime = mtime
         return self._keys
 

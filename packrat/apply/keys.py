@@ -68,11 +68,11 @@ def parse_keys(data: dict) -> Keys:
     return Keys(management=key("management"), inference=key("inference"), api=key("API"))
 
 
-def read_keys(frontend_workdir: Path) -> Keys:
-    """Read the keys of the TorchServe whose frontend runs in `frontend_workdir`."""
-    path = Path(frontend_workdir) / KEY_FILE_NAME
+def read_keys(key_file: str | Path) -> Keys:
+    """Read a key_file.json (TorchServe writes it as `<frontend workdir>/key_file.json`);
+    the one place anything in Packrat reads it."""
+    path = Path(key_file)
     try:
-        data = json.loads(path.read_text())
-        return parse_keys(data)
+        return parse_keys(json.loads(path.read_text()))
     except (OSError, ValueError) as exc:
         raise TorchServeError("READ", str(path), 0, f"cannot read TorchServe keys: {exc}") from exc

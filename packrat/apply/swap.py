@@ -11,7 +11,7 @@ Why the drain matters: TorchServe 0.12 answers the in-flight batch of a worker
 it scales down or unregisters with HTTP 500 ("Worker died."), and its describe
 call reports only READY/UNLOADING per worker and `pendingRequests` (queued jobs
 only, not the batch a worker holds). The in-flight signal therefore comes from
-the workers themselves: packrat.apply.slots counts batches started/finished
+the workers themselves: packrat.slots counts batches started/finished
 per worker pid. For a worker without that file (a handler that does not call
 claim_and_pin) the fallback is its CPU time standing still for a quiet window.
 
@@ -34,15 +34,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from packrat.apply import slots, versions
+from packrat import slots
+from packrat.apply import versions
 from packrat.apply.client import ManagementClient
 from packrat.apply.versions import VersionDir
 from packrat.errors import ConfigError, SwapError, TorchServeError
-from packrat.types import Plan
+from packrat.types import Plan, SwapRecord
 
 
 @dataclass(frozen=True)
@@ -65,51 +66,15 @@ class SwapSettings:
     max_batch_delay_ms: int | None = None  # None: versions.batch_delay_ms(plan)
 
 
-@dataclass
-class SwapRecord:
-    """One swap attempt, as kept in the controller's history."""
-
-    model: str
-    from_version: str | None
-    to_version: str | None
-    plan: dict[str, Any]
-    started_at: float
-    outcome: str = "running"  # applied | rolled_back | failed
-    duration_s: float | None = None
-    phases_s: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
-    warnings: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 # -- reading worker state -------------------------------------------------------
-
-
-def parse_cpu_list(text: str) -> tuple[int, ...]:
-    """'0-2,5' -> (0, 1, 2, 5), the format of /proc/<pid>/status Cpus_allowed_list."""
-    out: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        if "-" in part:
-            lo, hi = part.split("-")
-            out.extend(range(int(lo), int(hi) + 1))
-        else:
-            out.append(int(part))
-    return tuple(out)
 
 
 def proc_affinity(pid: int) -> tuple[int, ...] | None:
     """CPU affinity of a process's main thread as the kernel reports it."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Cpus_allowed_list:"):
-                return parse_cpu_list(line.split(":", 1)[1])
+        return slots.parse_cpu_list(slots.cpus_allowed_list(f"/proc/{pid}/status"))
     except OSError:
         return None
-    return None
 
 
 def proc_thread_affinities(pid: int) -> set[tuple[int, ...]]:
@@ -121,12 +86,9 @@ def proc_thread_affinities(pid: int) -> set[tuple[int, ...]]:
         return out
     for tid in tids:
         try:
-            text = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+            out.add(slots.parse_cpu_list(slots.cpus_allowed_list(f"/proc/{pid}/task/{tid}/status")))
         except OSError:
-            continue
-        for line in text.splitlines():
-            if line.startswith("Cpus_allowed_list:"):
-                out.add(parse_cpu_list(line.split(":", 1)[1]))
+            continue  # thread exited meanwhile
     return out
 
 
@@ -239,21 +201,22 @@ class Swapper:
         s = self.settings
         versions.validate_plan(plan, len(self.cores))  # ConfigError: nothing touched yet
         old_version, old_url = self.current(model)
-        record = SwapRecord(
-            model=model,
-            from_version=old_version,
-            to_version=None,
-            plan=versions.plan_to_dict(plan),
-            started_at=time.time(),
-        )
+        record = SwapRecord(model=model, from_version=old_version, to_version=None, plan=plan,
+                            started_at=time.time())
+        phases: list[tuple[str, float]] = []
+        warnings: list[str] = []
         t0 = self.clock()
         mark = t0
 
         def phase(name: str) -> None:
             nonlocal mark
             now = self.clock()
-            record.phases_s[name] = round(now - mark, 3)
+            phases.append((name, round(now - mark, 3)))
             mark = now
+
+        def finish(outcome: str, error: str | None = None) -> SwapRecord:
+            return replace(record, outcome=outcome, error=error, phases_s=tuple(phases),
+                           warnings=tuple(warnings), duration_s=round(self.clock() - t0, 3))
 
         vdir = versions.create_version(
             self.model_store,
@@ -263,7 +226,7 @@ class Swapper:
             self.cores,
             max_batch_delay_ms=s.max_batch_delay_ms,
         )
-        record.to_version = vdir.version
+        record = replace(record, to_version=vdir.version)
         phase("create")
         defaulted = False
         try:
@@ -277,27 +240,23 @@ class Swapper:
             self.drain(model, old_version)
             phase("drain")
         except (TorchServeError, SwapError, ConfigError) as exc:
-            record.error = f"{type(exc).__name__}: {exc}"
-            record.outcome = self._rollback(model, old_version, vdir, defaulted, record)
-            record.duration_s = round(self.clock() - t0, 3)
-            err = SwapError(
+            outcome = self._rollback(model, old_version, vdir, defaulted, warnings)
+            failed = finish(outcome, f"{type(exc).__name__}: {exc}")
+            raise SwapError(
                 f"swap of {model} {old_version} -> {vdir.version} failed "
-                f"({record.outcome.replace('_', ' ')}): {exc}"
-            )
-            err.record = record  # type: ignore[attr-defined]
-            raise err from exc
+                f"({outcome.replace('_', ' ')}): {exc}",
+                record=failed,
+            ) from exc
         # Past the point of no return: the new version serves. Clean-up failures are warnings.
         try:
             old_pids = worker_pids(self.client.describe(model, old_version))
             self.client.unregister(model, old_version)
             _forget_worker_status(old_pids)
         except TorchServeError as exc:
-            record.warnings.append(f"old version {old_version} not unregistered: {exc}")
+            warnings.append(f"old version {old_version} not unregistered: {exc}")
         phase("unregister")
         self.retire_dir(old_url)
-        record.outcome = "applied"
-        record.duration_s = round(self.clock() - t0, 3)
-        return record
+        return finish("applied")
 
     # -- phases ------------------------------------------------------------------
 
@@ -374,7 +333,7 @@ class Swapper:
         return tuple(out)
 
     def _rollback(
-        self, model: str, old_version: str, vdir: VersionDir, defaulted: bool, record: SwapRecord
+        self, model: str, old_version: str, vdir: VersionDir, defaulted: bool, warnings: list[str]
     ) -> str:
         try:
             if defaulted:
@@ -385,7 +344,7 @@ class Swapper:
                 self.client.unregister(model, vdir.version)
                 _forget_worker_status(new_pids)
         except (TorchServeError, SwapError) as exc:
-            record.warnings.append(f"rollback incomplete: {exc}")
+            warnings.append(f"rollback incomplete: {exc}")
             return "failed"
         versions.remove_version(vdir.path)
         self._forget_slots(vdir.plan_id)

@@ -22,14 +22,14 @@ import os
 import re
 import shutil
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from packrat.errors import ConfigError
-from packrat.types import Instance, Plan
+from packrat.types import Plan
 
 MANIFEST = Path("MAR-INF") / "MANIFEST.json"
 CONFIG = "model_config.yaml"
@@ -83,32 +83,6 @@ class VersionDir:
     def url(self) -> str:
         """What to pass as `url` to TorchServe's register call: the directory name."""
         return self.path.name
-
-
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    return {
-        "cores": plan.cores,
-        "batch": plan.batch,
-        "instances": [asdict(i) for i in plan.instances],
-        "predicted_latency_ms": plan.predicted_latency_ms,
-        "fat_latency_ms": plan.fat_latency_ms,
-    }
-
-
-def plan_from_dict(d: dict[str, Any]) -> Plan:
-    try:
-        return Plan(
-            cores=int(d["cores"]),
-            batch=int(d["batch"]),
-            instances=tuple(
-                Instance(int(i["threads"]), int(i["batch"]), float(i.get("latency_ms") or 0.0))
-                for i in d["instances"]
-            ),
-            predicted_latency_ms=float(d.get("predicted_latency_ms") or 0.0),
-            fat_latency_ms=None if d.get("fat_latency_ms") is None else float(d["fat_latency_ms"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"malformed plan record: {d!r}") from exc
 
 
 def validate_plan(plan: Plan, usable_cores: int) -> None:
@@ -221,7 +195,7 @@ def create_version(
                 "plan_id": plan_id,
                 "base": base,
                 "slots": [{"cores": list(s.cores), "threads": s.threads} for s in slots],
-                "plan": plan_to_dict(plan),
+                "plan": plan.to_dict(),
             }
         )
         config.update(
@@ -267,13 +241,17 @@ def load_version(path: str | Path) -> VersionDir | None:
     pr = config.get("packrat")
     if not isinstance(pr, dict) or "plan" not in pr:
         return None
+    try:
+        plan = Plan.from_dict(pr["plan"])
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
     return VersionDir(
         model=manifest["model"]["modelName"],
         version=manifest["model"]["modelVersion"],
         path=path,
         plan_id=str(pr["plan_id"]),
         base=str(pr["base"]),
-        plan=plan_from_dict(pr["plan"]),
+        plan=plan,
         slots=tuple(
             Slot(tuple(int(c) for c in s["cores"]), int(s["threads"]), int(config.get("batchSize", 1)))
             for s in pr["slots"]

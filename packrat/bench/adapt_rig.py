@@ -20,9 +20,8 @@ from typing import Any
 
 import yaml
 
-from packrat.apply.server import RunningServer, start_torchserve
+from packrat.server import RunningServer, start_torchserve
 from packrat.observe.loop import AdaptiveLoop, AdaptSettings
-from packrat.observe.policy import plan_summary
 from packrat.types import Plan, Profile, ProfilePoint
 
 
@@ -154,7 +153,7 @@ class Rig:
             st = self.controller.model_state(self.model)
         except Exception:  # noqa: BLE001
             return None
-        return plan_summary(st.plan)["workers"] if st.plan else None
+        return [list(w) for w in st.plan.shape] if st.plan else None
 
     def _start_rest(self) -> None:
         import uvicorn

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,8 @@ from packrat.bench.loadgen import LoadResult, Target, closed_loop
 from packrat.bench.results import CONFIGS, Measurement, ResultLog, shape_label
 from packrat.errors import ConfigError, PackratError
 from packrat.observe.metrics import window_means
-from packrat.types import Instance, Observation, Plan, Profile
+from packrat.plan import every_uniform_plan
+from packrat.types import Observation, Plan, Profile
 
 # TorchServe's own default when default_workers_per_model is unset: one worker
 # per available processor (ConfigManager.getDefaultWorkers in 0.12).
@@ -78,7 +79,7 @@ class BenchSettings:
     runtime: str = "eager"
     batch_delay_ms: int | None = None  # maxBatchDelay of every plan; None: Packrat's (versions.batch_delay_ms)
     configs: tuple[str, ...] = CONFIGS  # which of fat, defaults, packrat, oracle to measure
-    attach: Path | None = None  # workdir of a TorchServe started by packrat.apply.server
+    attach: Path | None = None  # workdir of a TorchServe started by packrat.server
     cores: tuple[int, ...] | None = None  # default: this process's affinity
     capacity: bool = True
     capacity_requests: int = 600
@@ -116,33 +117,6 @@ def full_settings(out: Path, **kw: Any) -> BenchSettings:
 # -- shapes ----------------------------------------------------------------------
 
 
-def uniform_plan(n: int, threads: int, cap: int, cores: int, batch: int, profile: Profile | None) -> Plan:
-    """n workers of `threads` threads and batch cap `cap`, with the profile's prediction."""
-    lat = profile.latency(threads, cap) if profile else None
-    inst = Instance(threads=threads, batch=cap, latency_ms=float(lat or 0.0))
-    return Plan(
-        cores=cores,
-        batch=batch,
-        instances=(inst,) * n,
-        predicted_latency_ms=float(lat or 0.0),
-        fat_latency_ms=profile.latency(cores, batch) if profile else None,
-    )
-
-
-def candidate_plans(cores: int, batch: int, profile: Profile | None) -> list[Plan]:
-    """Every realisable uniform shape ⟨i, ⌊T/i⌋, ⌈B/i⌉⟩ for i = 1..min(T, B), fat (i = 1) first.
-
-    One TorchServe version has one batch cap, so a realisable mix differs only in
-    thread counts; with T = 2 every split is even and the uniform shapes are all
-    there is. Σ caps may exceed B when i does not divide B (the front end decides
-    which worker gets the short batch).
-    """
-    out = []
-    for i in range(1, min(cores, batch) + 1):
-        out.append(uniform_plan(i, cores // i, math.ceil(batch / i), cores, batch, profile))
-    return out
-
-
 def measure_order(batches: Sequence[int]) -> list[int]:
     """The loads in the order they are measured: the middle one, the largest, the smallest,
     then the rest from large to small.
@@ -177,10 +151,6 @@ def server_side(before: Observation | None, after: Observation | None) -> dict[s
         out["queue_ms"] = round(w.mean_queue_ms, 3)
         out["worker_ms"] = round(w.mean_latency_ms - w.mean_queue_ms, 3)
     return out
-
-
-def plan_shape(plan: Plan) -> tuple[tuple[int, int], ...]:
-    return tuple(sorted(((i.threads, i.batch) for i in plan.instances), reverse=True))
 
 
 def predicted(plan: Plan) -> float | None:
@@ -348,7 +318,7 @@ class Bench:
 
     # -- server ---------------------------------------------------------------------
     def start_server(self) -> None:
-        from packrat.apply.server import RunningServer, start_torchserve
+        from packrat.server import RunningServer, start_torchserve
 
         if self.s.attach:
             self.server = RunningServer.attach(self.s.attach)
@@ -460,13 +430,13 @@ class Bench:
 
     def apply_plan(self, st: _State, plan: Plan) -> dict[str, Any] | None:
         """Make `plan` live through the live-plan swap, unless that shape is live already."""
-        shape = plan_shape(plan)
+        shape = plan.shape
         if st.live_shape == shape:
             return None
         record = self.controller().apply(st.model, plan)
         st.live_shape = shape
-        return {"swap_s": record.duration_s, "phases_s": record.phases_s, "to_version": record.to_version,
-                "warnings": record.warnings}
+        return {"swap_s": record.duration_s, "phases_s": dict(record.phases_s), "to_version": record.to_version,
+                "warnings": list(record.warnings)}
 
     def unregister_all(self, st: _State) -> None:
         from packrat.apply import versions
@@ -520,7 +490,7 @@ class Bench:
             shape = f"defaults: {self.s.T} workers x torch threads, batch 1"
             pred = None
         else:
-            inst = plan_shape(plan)
+            inst = plan.shape
             shape = shape_label(inst)
             pred = predicted(plan)
         m = Measurement(
@@ -540,7 +510,7 @@ class Bench:
 
     # -- the loop ---------------------------------------------------------------------
     def steps_per_model(self) -> int:
-        return 1 + sum(2 + len(candidate_plans(self.s.T, b, None)) for b in self.s.batches)
+        return 1 + sum(2 + len(every_uniform_plan(self.s.T, b, None)) for b in self.s.batches)
 
     def run(self) -> Path:
         from tqdm import tqdm
@@ -597,7 +567,7 @@ class Bench:
             self.client().register(st.base_url, st.model, 1)
             st.registered = True
             for b in measure_order(self.s.batches):
-                cands = candidate_plans(self.s.T, b, profile)
+                cands = every_uniform_plan(self.s.T, b, profile)
                 try:
                     pk = realizable_plan(profile, self.s.T, b)
                 except PackratError as exc:
@@ -609,7 +579,7 @@ class Bench:
                 # The packrat plan comes right after the candidate of the same shape when there
                 # is one, so it needs no swap of its own; it is still measured on its own.
                 if pk is not None:
-                    same = [i for i, (_, p) in enumerate(steps[:-1]) if plan_shape(p) == plan_shape(pk)]
+                    same = [i for i, (_, p) in enumerate(steps[:-1]) if p.shape == pk.shape]
                     if same:
                         steps.insert(same[0] + 1, steps.pop())
                 steps.append(("defaults", None))
@@ -627,11 +597,11 @@ class Bench:
                                          deadline=model_deadline)
                         bar.update(1)
                         continue
-                    bar.set_postfix_str(f"{name} B={b} {config} {shape_label(plan_shape(plan))}")
+                    bar.set_postfix_str(f"{name} B={b} {config} {shape_label(plan.shape)}")
                     try:
                         swap = self.apply_plan(st, plan)
                     except PackratError as exc:
-                        self.note(f"could not apply {shape_label(plan_shape(plan))}: {exc}", model=name,
+                        self.note(f"could not apply {shape_label(plan.shape)}: {exc}", model=name,
                                   batch=b, config=config)
                         st.live_shape = "unknown"  # type: ignore[assignment]
                         bar.update(1)
@@ -643,7 +613,7 @@ class Bench:
                     self.measure(st, b, config, plan, self.target(name, body, ctype), extra, deadline=model_deadline,
                                  after_swap=swap is not None)
                     bar.update(1)
-                bar.update(max(0, 2 + len(candidate_plans(self.s.T, b, None)) - len(steps) - len(skipped)))
+                bar.update(max(0, 2 + len(every_uniform_plan(self.s.T, b, None)) - len(steps) - len(skipped)))
         finally:
             bar.set_postfix_str(f"{name}: unregister")
             self.unregister_all(st)

@@ -138,7 +138,7 @@ def bench_load_command(
     from packrat.bench.loadgen import Target, closed_loop, open_loop
 
     try:
-        token = read_keys(key_file.parent).inference.key if key_file else None
+        token = read_keys(key_file).inference.key if key_file else None
         body = body_file.read_bytes() if body_file else b"ping"
         target = Target(url, body, content_type, token)
         if rate is not None:

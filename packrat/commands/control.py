@@ -17,7 +17,7 @@ DEFAULT_API_PORT = 8085
 def _parse_cores(text: str | None) -> tuple[int, ...] | None:
     if not text:
         return None
-    from packrat.apply.swap import parse_cpu_list
+    from packrat.slots import parse_cpu_list
 
     try:
         return parse_cpu_list(text)
@@ -136,7 +136,7 @@ def register(app: typer.Typer) -> None:
         min_dwell: Optional[float] = typer.Option(None, "--min-dwell", help="seconds between automatic swaps [60]"),
     ) -> None:
         """Start TorchServe (with the config's ports) and the controller; Ctrl-C stops both."""
-        from packrat.apply.server import Ports, read_properties, start_torchserve
+        from packrat.server import Ports, read_properties, start_torchserve
 
         try:
             server = start_torchserve(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
@@ -13,21 +13,6 @@ from packrat.types import Plan, Profile
 
 # packrat.plan (numpy) is imported inside run_plan: every `packrat` command
 # imports this module, and only `packrat plan` needs the optimiser.
-
-
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    """The JSON shape issue 3 fixes: one entry per instance, sorted (threads, batch) desc."""
-    return {
-        "cores": plan.cores,
-        "batch": plan.batch,
-        "predicted_latency_ms": plan.predicted_latency_ms,
-        "fat_latency_ms": plan.fat_latency_ms,
-        "expected_speedup": plan.expected_speedup,
-        "instances": [
-            {"threads": i.threads, "batch": i.batch, "latency_ms": i.latency_ms}
-            for i in sorted(plan.instances, key=lambda i: (i.threads, i.batch), reverse=True)
-        ],
-    }
 
 
 def _positive_int(text: str, flag: str) -> int:
@@ -102,7 +87,8 @@ def _render_table(profile: Profile, shown: Plan, other: Plan | str, realizable: 
 def run_plan(profile_path: Path, cores_text: str, batch_text: str, as_json: bool,
              realizable: bool, plot: Path | None, cover: bool = False) -> str:
     """Everything `packrat plan` does, returning its output; PackratError on bad input."""
-    from packrat.plan import load_profile, optimal_plan, realizable_plan
+    from packrat.plan import optimal_plan, realizable_plan
+    from packrat.profile import load_profile
 
     cores = _positive_int(cores_text, "--cores")
     batch = _positive_int(batch_text, "--batch")
@@ -123,7 +109,7 @@ def run_plan(profile_path: Path, cores_text: str, batch_text: str, as_json: bool
         except (OSError, ValueError) as exc:
             raise PackratError(f"cannot write plot {plot}: {exc}") from exc
     if as_json:
-        return json.dumps(plan_to_dict(shown))
+        return json.dumps(shown.to_dict())
     other = _try(optimum if realizable else realizable_plan, profile, cores, batch)
     return _render_table(profile, shown, other, realizable, cover)
 
@@ -132,7 +118,8 @@ def run_plan_modes(profile_paths: list[Path], cores_text: str, batch_text: str, 
                    realizable: bool, cover: bool = False) -> str:
     """`packrat plan` given several profiles (one per execution mode): each mode's
     best plan, then the overall choice (lowest predicted latency; ties: first given)."""
-    from packrat.plan import load_profile, plans_per_mode
+    from packrat.plan import plans_per_mode
+    from packrat.profile import load_profile
 
     cores = _positive_int(cores_text, "--cores")
     batch = _positive_int(batch_text, "--batch")
@@ -142,7 +129,7 @@ def run_plan_modes(profile_paths: list[Path], cores_text: str, batch_text: str, 
         return json.dumps({
             "cores": cores, "batch": batch,
             "modes": [{"mode": m.mode, "profile": str(path), "model_id": m.profile.model_id,
-                       "plan": plan_to_dict(m.plan) if m.plan else None, "reason": m.reason}
+                       "plan": m.plan.to_dict() if m.plan else None, "reason": m.reason}
                       for m, path in zip(per_mode, profile_paths)],
             "best": None if best is None else best.mode,
         })

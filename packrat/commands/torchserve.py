@@ -28,7 +28,7 @@ def start(
     free_ports: bool = typer.Option(False, "--free-ports", help="Free ports instead of the config's"),
 ) -> None:
     """Start TorchServe detached; returns once /ping is healthy."""
-    from packrat.apply.server import Ports, RunningServer, read_properties, start_torchserve
+    from packrat.server import Ports, RunningServer, read_properties, start_torchserve
 
     if (workdir / "server.json").exists():
         old = RunningServer.attach(workdir)
@@ -48,7 +48,7 @@ def start(
 @ts_app.command("stop")
 def stop(workdir: Path = WORKDIR) -> None:
     """Stop the TorchServe of this work directory and all its workers."""
-    from packrat.apply.server import RunningServer
+    from packrat.server import RunningServer
 
     if not (workdir / "server.json").exists():
         typer.echo("no TorchServe recorded in " + str(workdir))
@@ -67,7 +67,7 @@ def register_models(
     """Register archives by name; returns when their workers are READY."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from packrat.apply.server import RunningServer
+    from packrat.server import RunningServer
 
     server = RunningServer.attach(workdir)
     loaded = {m["modelName"] for m in server.management_client().list_models()}
@@ -95,9 +95,9 @@ def register_models(
 @ts_app.command("keys")
 def keys(workdir: Path = WORKDIR, kind: Optional[str] = typer.Argument(None)) -> None:
     """Print the keys (or one of: inference, management, api)."""
-    from packrat.apply.keys import read_keys
+    from packrat.apply.keys import KEY_FILE_NAME, read_keys
 
-    k = read_keys(workdir)
+    k = read_keys(workdir / KEY_FILE_NAME)
     if kind:
         typer.echo({"inference": k.inference, "management": k.management, "api": k.api}[kind].key)
         return
@@ -109,7 +109,7 @@ def keys(workdir: Path = WORKDIR, kind: Optional[str] = typer.Argument(None)) ->
 def url(which: str = typer.Argument("inference", help="inference | management | metrics"),
         workdir: Path = WORKDIR) -> None:
     """Print one of the server's base URLs."""
-    from packrat.apply.server import RunningServer
+    from packrat.server import RunningServer
 
     server = RunningServer.attach(workdir)
     typer.echo({"inference": server.inference_url, "management": server.management_url,

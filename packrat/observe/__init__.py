@@ -3,7 +3,6 @@
     metrics.observation(text, model, time_s) -> Observation     parse a scrape
     estimator.estimate(state, observation, settings) -> (Estimate, state)
     policy.decide(state, context) -> (Decision, state)
-    predict.plan_latency_at(profile, plan, batch)              score a plan at another B
 
 All pure: the controller (packrat.control) owns the clock, the state and the I/O.
 """
@@ -25,9 +24,7 @@ from packrat.observe.policy import (
     PolicySettings,
     PolicyState,
     decide,
-    plan_summary,
 )
-from packrat.observe.predict import plan_latency_at, same_shape, uniform_candidates
 
 __all__ = [
     "Correction",
@@ -45,10 +42,6 @@ __all__ = [
     "observation",
     "observations",
     "pending_from_describe",
-    "plan_latency_at",
-    "plan_summary",
     "policy_state_from_json",
     "policy_state_to_json",
-    "same_shape",
-    "uniform_candidates",
 ]

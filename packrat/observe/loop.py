@@ -1,14 +1,14 @@
 """The adaptation loop as the controller's policy: counters -> B -> decide -> plan.
 
-`AdaptiveLoop` has the signature of packrat.control.Policy,
+`AdaptiveLoop` is the controller's packrat.types.Policy,
 
     loop(tick_context, state_dict) -> (plan to apply or None, new state_dict)
 
 and glues the pure parts together: estimator.estimate (B from the
-observation), the optimiser (packrat.plan.realizable_plan, plus the other
-realisable uniform plans as alternatives the contention correction may
-prefer), predict.plan_latency_at (the active plan at the new B) and
-policy.decide. The controller persists the returned dict, so a restarted
+observation), the optimiser's candidates (packrat.plan.candidate_plans: the
+realisable plan, plus the other realisable uniform plans as alternatives the
+contention correction may prefer), packrat.plan.plan_latency_at (the active
+plan at the new B) and policy.decide. The controller persists the returned dict, so a restarted
 controller resumes with the same estimate, dwell clock and correction.
 
 Side effects are limited to reporting: every decision is logged as one JSON
@@ -39,8 +39,9 @@ from packrat.observe.persist import (
     policy_state_to_json,
 )
 from packrat.observe.policy import Decision, PolicyContext, PolicySettings, decide
-from packrat.observe.predict import plan_latency_at, same_shape, uniform_candidates
-from packrat.types import Plan, Profile
+from packrat.plan import candidate_plans, plan_latency_at
+from packrat.profile.store import load_profile
+from packrat.types import Plan, Profile, TickContext
 
 log = logging.getLogger("packrat.adapt")
 
@@ -131,12 +132,16 @@ class AdaptiveLoop:
             "recent_decisions": recent[-10:],
         }
 
+    def metrics_text(self) -> bytes:
+        """The loop's series in Prometheus text format."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
     # -- the policy ------------------------------------------------------------------
     def _profile(self, path: Path | None) -> Profile | None:
         if path is None:
             return None
-        from packrat.plan import load_profile
-
         try:
             mtime = path.stat().st_mtime
         except OSError:
@@ -152,30 +157,15 @@ class AdaptiveLoop:
                 self._profiles[path] = (mtime, None)  # type: ignore[assignment]
         return self._profiles[path][1]
 
-    @staticmethod
-    def candidates(profile: Profile, cores: int, batch: int) -> tuple[Plan, ...]:
-        """The optimiser's realisable plan first, then the other uniform plans."""
-        from packrat.plan import realizable_plan
-
-        out: list[Plan] = []
-        try:
-            out.append(realizable_plan(profile, cores, batch))
-        except PackratError:
-            pass  # no realisable plan at this B from this profile: alternatives only
-        for p in uniform_candidates(profile, cores, batch):
-            if not any(same_shape(p, q) for q in out):
-                out.append(p)
-        return tuple(out)
-
-    def __call__(self, ctx: Any, state: dict[str, Any]) -> tuple[Plan | None, dict[str, Any]]:
+    def __call__(self, ctx: TickContext, state: dict[str, Any]) -> tuple[Plan | None, dict[str, Any]]:
         try:
             return self._tick(ctx, state)
         except Exception as exc:  # a bug here must not kill the controller's tick thread
-            log.exception("adapt tick failed for %s", getattr(ctx, "model", "?"))
-            self._emit(json.dumps({"model": getattr(ctx, "model", None), "error": repr(exc)}))
+            log.exception("adapt tick failed for %s", ctx.model)
+            self._emit(json.dumps({"model": ctx.model, "error": repr(exc)}))
             return None, state
 
-    def _tick(self, ctx: Any, state: dict[str, Any]) -> tuple[Plan | None, dict[str, Any]]:
+    def _tick(self, ctx: TickContext, state: dict[str, Any]) -> tuple[Plan | None, dict[str, Any]]:
         model: str = ctx.model
         est_state = estimator_state_from_json(state.get("estimator", {}))
         pol_state = policy_state_from_json(state.get("policy", {}))
@@ -210,7 +200,7 @@ class AdaptiveLoop:
             # load at once; the plan for that many is the best there is (the
             # rest queues whatever the plan), so plan and compare at that B.
             plan_b = min(est.batch, ctx.cores * max(p.batch for p in profile.points))
-            cands = self.candidates(profile, ctx.cores, plan_b)
+            cands = candidate_plans(profile, ctx.cores, plan_b)
             if current is not None:
                 current_ms = plan_latency_at(profile, current, plan_b)
         if current is not None and current_ms is None and current.batch == est.batch:
@@ -219,7 +209,7 @@ class AdaptiveLoop:
         pctx = PolicyContext(
             now_s=ctx.now, model=model, estimate=est, current=current,
             current_latency_ms=current_ms, candidates=cands, enabled=enabled,
-            swap_in_progress=bool(getattr(ctx, "swap_in_progress", False)),
+            swap_in_progress=ctx.swap_in_progress,
             active_since_s=active_since, settings=self.settings.policy,
         )
         decision, pol_state = decide(pol_state, pctx)

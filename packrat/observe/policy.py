@@ -52,7 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from packrat.observe.estimator import Estimate, round_pow2
-from packrat.observe.predict import same_shape
+from packrat.plan.candidates import same_shape
 from packrat.types import Plan
 
 
@@ -122,7 +122,7 @@ class PolicyContext:
     estimate: Estimate
     current: Plan | None  # the active plan (None: nothing applied yet)
     # The active plan's predicted latency at estimate.batch
-    # (packrat.observe.predict.plan_latency_at); None if it cannot be scored.
+    # (packrat.plan.plan_latency_at); None if it cannot be scored.
     current_latency_ms: float | None
     # Realisable plans for estimate.batch, the optimiser's choice first
     # (packrat.plan.realizable_plan, then e.g. predict.uniform_candidates).
@@ -169,8 +169,8 @@ class Decision:
             "reason": self.reason,
             "estimated_batch": self.estimated_batch,
             "active_batch": self.active_batch,
-            "target": plan_summary(self.target),
-            "optimiser_choice": plan_summary(self.optimiser_choice),
+            "target": self.target.to_dict() if self.target else None,
+            "optimiser_choice": self.optimiser_choice.to_dict() if self.optimiser_choice else None,
             "current_ms": _r(self.current_ms),
             "candidate_ms": _r(self.candidate_ms),
             "predicted_gain": _r(self.predicted_gain),
@@ -196,15 +196,6 @@ class Decision:
 
 def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(float(x), nd)
-
-
-def plan_summary(plan: Plan | None) -> dict | None:
-    """A plan as it reads in a log line: batch, workers as [threads, cap], prediction."""
-    if plan is None:
-        return None
-    return {"batch": plan.batch,
-            "workers": [[i.threads, i.batch] for i in plan.instances],
-            "predicted_ms": _r(plan.predicted_latency_ms)}
 
 
 def _since(state: PolicyState, ctx: PolicyContext) -> float | None:

@@ -1,14 +1,27 @@
-"""The optimiser: pure functions from a profile to a plan (no torch, no HTTP).
+"""The optimiser: pure functions from a profile to a plan (no torch, no HTTP, no files).
 
     plan(profile, cores, batch, *, rtol=0.0, cover=False) -> Plan   exact min–max 2-D knapsack
     realizable_plan(profile, cores, batch)       best plan with one shared batch cap
-    load_profile(path) -> Profile                Packrat JSON or CSV profile files
     plans_per_mode(profiles, cores, batch)       one plan per execution mode + the overall choice
+    candidate_plans(profile, cores, batch)       the realisable plan, then the other uniform plans
+    every_uniform_plan(cores, batch, profile)    every uniform shape (the bench's oracle)
+    plan_latency_at(profile, plan, batch)        a plan's predicted latency at another batch
+    plan_from_shape(shape, cores, profile)       an explicit plan, predicted where profiled
+
+Profiles are read by packrat.profile.load_profile.
 """
 
 from __future__ import annotations
 
-from packrat.plan.io import load_profile
+from packrat.plan.candidates import (
+    candidate_plans,
+    every_uniform_plan,
+    plan_from_shape,
+    plan_latency_at,
+    same_shape,
+    uniform_candidates,
+    uniform_plan,
+)
 from packrat.plan.knapsack import (
     fat_latency,
     optimal_plan,
@@ -22,11 +35,17 @@ plan = optimal_plan
 
 __all__ = [
     "ModePlan",
+    "candidate_plans",
+    "every_uniform_plan",
     "fat_latency",
-    "load_profile",
     "optimal_plan",
     "plan",
+    "plan_from_shape",
+    "plan_latency_at",
     "plans_per_mode",
     "realizable_gap",
     "realizable_plan",
+    "same_shape",
+    "uniform_candidates",
+    "uniform_plan",
 ]

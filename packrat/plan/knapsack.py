@@ -1,7 +1,8 @@
 """Exact min–max 2-D knapsack: which thin instances to run for batch B on T cores.
 
-Problem (DESIGN.md): choose a multiset of instances (t_i, b_i), each a profiled
-point of L(t, b), with Σ t_i ≤ T and Σ b_i = B, minimising max_i L(t_i, b_i).
+Problem (docs/optimizer.md, "Formulation"): choose a multiset of instances
+(t_i, b_i), each a profiled point of L(t, b), with Σ t_i ≤ T and Σ b_i = B,
+minimising max_i L(t_i, b_i).
 Batch sizes that were not profiled are reached by composition (24 = 16 + 8).
 
 The table F[t, b] = least max-latency with at most t threads and total batch

@@ -33,10 +33,19 @@ Readers need only model_id, fingerprint, scope and points[*].{threads, batch,
 mean_ms}; every other key is optional on read. Unknown keys are ignored, so
 fields can be added without a format bump; a change of meaning bumps the
 version in "format".
+
+`load_profile` also reads a plain CSV (a `.csv` file): a header with at least
+threads,batch,latency_ms (milliseconds, the mean); other columns are ignored,
+e.g. the paper's latency_min_ms/latency_max_ms. Such a profile has no
+fingerprint: planning from it is a what-if question.
+
+Every problem is a ProfileError naming the file (and line or point), so the
+CLI can print one line.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -218,8 +227,19 @@ def load_profile(
     expect_fingerprint: Fingerprint | None = None,
     force: bool = False,
 ) -> Profile:
-    """Read a profile file; ProfileError if unreadable, ProfileMismatchError on mismatch unless forced."""
+    """Read a profile file (JSON, or CSV for `.csv`); ProfileError if unreadable,
+    ProfileMismatchError on mismatch unless forced."""
     path = Path(path)
+    if path.suffix.lower() == ".csv":
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError as exc:
+            raise ProfileError(f"{path}: no such profile file") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ProfileError(f"{path}: cannot read: {exc}") from exc
+        profile = _from_csv(text, path)
+        check_profile(profile, expect_model_id, expect_fingerprint, force, where=str(path))
+        return profile
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError as exc:
@@ -232,3 +252,75 @@ def load_profile(
         raise ProfileError(f"{path}: {exc}") from exc
     check_profile(profile, expect_model_id, expect_fingerprint, force, where=str(path))
     return profile
+
+
+# -- CSV profiles ------------------------------------------------------------------
+
+_CSV_COLUMNS = ("threads", "batch", "latency_ms")
+
+
+def _int(value: Any, what: str, where: str) -> int:
+    # bool is an int in Python; a profile saying threads=true is broken
+    if isinstance(value, bool):
+        raise ProfileError(f"{where}: {what} must be an integer, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ProfileError(f"{where}: {what} must be an integer, got {value!r}") from None
+    if not number.is_integer() or number < 1:
+        raise ProfileError(f"{where}: {what} must be a positive integer, got {value!r}")
+    return int(number)
+
+
+def _ms(value: Any, what: str, where: str, required: bool = True) -> float | None:
+    if value is None and not required:
+        return None
+    if isinstance(value, bool):
+        raise ProfileError(f"{where}: {what} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ProfileError(f"{where}: {what} must be a number, got {value!r}") from None
+    # a mean must be > 0 (it is a latency); spreads such as std_ms may be 0
+    if not math.isfinite(number) or number < 0 or (required and number == 0):
+        raise ProfileError(f"{where}: {what} must be a positive number, got {value!r}")
+    return number
+
+
+def _check_unique(points: list[ProfilePoint], source: str) -> None:
+    seen: set[tuple[int, int]] = set()
+    for p in points:
+        if (p.threads, p.batch) in seen:
+            raise ProfileError(
+                f"{source}: two points for threads={p.threads}, batch={p.batch}"
+            )
+        seen.add((p.threads, p.batch))
+
+
+def _from_csv(text: str, path: Path) -> Profile:
+    reader = csv.DictReader(text.splitlines())
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    missing = [c for c in _CSV_COLUMNS if c not in header]
+    if missing:
+        raise ProfileError(
+            f"{path}: CSV lacks column(s) {', '.join(missing)} "
+            f"(needs at least {','.join(_CSV_COLUMNS)})"
+        )
+    reader.fieldnames = header
+    points: list[ProfilePoint] = []
+    for line, row in enumerate(reader, start=2):
+        if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
+            continue  # blank line
+        where = f"{path}:{line}"
+        points.append(
+            ProfilePoint(
+                threads=_int(row["threads"], "threads", where),
+                batch=_int(row["batch"], "batch", where),
+                mean_ms=_ms(row["latency_ms"], "latency_ms", where),
+            )
+        )
+    if not points:
+        raise ProfileError(f"{path}: CSV has no data rows")
+    _check_unique(points, str(path))
+    return Profile(model_id=path.stem, points=tuple(points), fingerprint=None,
+                   scope="unknown", extra={"source": str(path)})

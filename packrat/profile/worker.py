@@ -2,10 +2,12 @@
 
     python -m packrat.profile.worker JOB.json RESULT_FD
 
-The runner starts one of these per thread count. It pins itself to the job's
-cores and sets the thread-count variables *before* numpy, scipy or torch are
-imported, so every thread pool those libraries start (OpenMP, oneDNN,
-OpenBLAS, tokenizers) is born on the right cores with the right size. It then
+The runner starts one of these per thread count. It pins itself with the
+served worker's recipe (packrat.slots: affinity and thread-count variables
+*before* numpy, scipy or torch are imported, then torch's intra-op and
+inter-op pools), so every thread pool those libraries start (OpenMP, oneDNN,
+OpenBLAS, tokenizers) is born on the right cores with the right size, and
+the profile measures the settings a served worker on that slot runs with. It then
 loads the model once through the archive's own handler (`packrat_handler`)
 and times each batch size in turn: one process per t, not per (t, b), because
 loading BERT or ResNet-50 costs seconds and the batch size does not change
@@ -29,33 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS")
-
-
-def pin_before_imports(cores: list[int], threads: int) -> None:
-    """Affinity and pool sizes first: libraries size their pools when they start."""
-    os.sched_setaffinity(0, set(cores))
-    for var in _THREAD_VARS:
-        os.environ[var] = str(threads)
-
-
-def cpus_allowed_list(status_path: str = "/proc/self/status") -> str:
-    with open(status_path) as f:
-        for line in f:
-            if line.startswith("Cpus_allowed_list:"):
-                return line.split(":", 1)[1].strip()
-    return "?"
-
-
-def thread_cpu_lists() -> list[str]:
-    """Distinct Cpus_allowed_list values over all threads of this process (pools included)."""
-    seen = set()
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            seen.add(cpus_allowed_list(f"/proc/self/task/{tid}/status"))
-        except OSError:
-            pass  # thread exited meanwhile
-    return sorted(seen)
+from packrat import slots  # imports no numeric library: safe before pinning
 
 
 def profile_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -79,12 +55,11 @@ class _Reporter:
 def run_job(job: dict[str, Any], report: _Reporter) -> None:
     started = time.perf_counter()
     threads = int(job["threads"])
-    pin_before_imports(job["cores"], threads)
+    slots.pin_threads(job["cores"], threads)  # affinity + pool variables first
 
     import torch  # noqa: E402 - deliberately after pinning
 
-    torch.set_num_threads(threads)
-    torch.set_num_interop_threads(1)
+    slots.set_torch_threads(threads)
 
     from packrat.profile.stats import StopRule, measure  # numpy/scipy: after pinning too
 
@@ -100,10 +75,7 @@ def run_job(job: dict[str, Any], report: _Reporter) -> None:
     report(
         "ready",
         pid=os.getpid(),
-        cpus_allowed_list=cpus_allowed_list(),
-        thread_cpu_lists=thread_cpu_lists(),
-        torch_threads=torch.get_num_threads(),
-        interop_threads=torch.get_num_interop_threads(),
+        **slots.observed_settings(),
         torch_version=torch.__version__,
         load_s=round(time.perf_counter() - t_load, 3),
         # Execution mode: build (compile + warm-up) time, memory, accuracy-guard numbers.
@@ -158,10 +130,7 @@ def run_job(job: dict[str, Any], report: _Reporter) -> None:
             std_ms=stats.std_ms,
             count=stats.count,
             meta={
-                "cpus_allowed_list": cpus_allowed_list(),
-                "thread_cpu_lists": thread_cpu_lists(),
-                "torch_threads": torch.get_num_threads(),
-                "interop_threads": torch.get_num_interop_threads(),
+                **slots.observed_settings(),
                 "converged": stats.converged,
                 "ci_half_width_ms": stats.ci_half_width_ms,
                 "warmup_calls": stats.warmup_calls,

@@ -10,7 +10,7 @@ _state: dict[str, Any] = {}
 
 
 def _initialize(context: Any) -> None:
-    from packrat.apply.slots import claim_and_pin
+    from packrat.slots import claim_and_pin
 
     cfg = context.model_yaml_config or {}
     claim = claim_and_pin(cfg)

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import requests
 
-from packrat.apply.keys import Keys, read_keys
-from packrat.errors import TorchServeError
+from packrat.apply.keys import KEY_FILE_NAME, Keys, read_keys
+from packrat.errors import ServerError, TorchServeError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO_ROOT / "config.properties"
 STATE_FILE = "server.json"
 # A cold JVM plus model-store scan takes ~5-15 s on 2 busy cores; leave room.
@@ -123,7 +123,7 @@ def render_properties(
             seen.add(key)
         else:
             out.append(line)
-    out += ["", "# set by packrat.apply.server"]
+    out += ["", "# set by packrat.server"]
     out += [f"{k}={v}" for k, v in overrides.items() if k not in seen]
     return "\n".join(out) + "\n"
 
@@ -158,7 +158,7 @@ class RunningServer:
     @property
     def keys(self) -> Keys:
         # Re-read every time: TorchServe rewrites the file when a key is regenerated.
-        return read_keys(self.workdir)
+        return read_keys(self.workdir / KEY_FILE_NAME)
 
     def inference_headers(self) -> dict[str, str]:
         return self.keys.inference_headers()
@@ -195,10 +195,9 @@ class RunningServer:
             if len(ready) >= workers:
                 return ready
             if time.monotonic() > deadline or not self.is_running():
-                raise TorchServeError(
-                    "REGISTER", f"{self.management_url}/models?url={name}", 0,
-                    f"{len(ready)}/{workers} workers READY after {timeout_s:.0f}s: {found}\n"
-                    f"{self.log_tail()}",
+                raise ServerError(
+                    f"register {name}: {len(ready)}/{workers} workers READY after {timeout_s:.0f}s: {found}\n"
+                    f"{self.log_tail()}"
                 )
             time.sleep(0.3)
 
@@ -331,12 +330,12 @@ def start_torchserve(
 
     `ports` defaults to free loopback ports; pass Ports.fixed_from(...) to keep
     the template's. `models` is passed as `--models` (names in the model store).
-    On failure the process group is killed and TorchServeError carries the log tail.
+    On failure the process group is killed and ServerError carries the log tail.
     """
     workdir = Path(workdir).resolve()
     model_store = Path(model_store).resolve()
     if not model_store.is_dir():
-        raise TorchServeError("START", str(model_store), 0, "model store directory does not exist")
+        raise ServerError(f"{model_store}: model store directory does not exist")
     workdir.mkdir(parents=True, exist_ok=True)
     tmp = workdir / "tmp"
     tmp.mkdir(exist_ok=True)
@@ -417,10 +416,7 @@ def _wait_healthy(server: RunningServer, timeout_s: float, out_offset: int = 0) 
     last = "no answer yet"
     while time.monotonic() < deadline:
         if not server.is_running():
-            raise TorchServeError(
-                "START", server.inference_url, 0,
-                f"TorchServe exited during start-up\n{server.log_tail()}",
-            )
+            raise ServerError(f"TorchServe exited during start-up\n{server.log_tail()}")
         # In 0.12 /ping itself needs the inference token (HTTP 400 without it),
         # and key_file.json appears only once the frontend is up.
         if not (server.workdir / "key_file.json").exists():
@@ -439,7 +435,4 @@ def _wait_healthy(server: RunningServer, timeout_s: float, out_offset: int = 0) 
         except (requests.RequestException, ValueError, TorchServeError) as exc:
             last = str(exc)
         time.sleep(0.3)
-    raise TorchServeError(
-        "START", f"{server.inference_url}/ping", 0,
-        f"not healthy after {timeout_s:.0f}s ({last})\n{server.log_tail()}",
-    )
+    raise ServerError(f"{server.inference_url}/ping not healthy after {timeout_s:.0f}s ({last})\n{server.log_tail()}")

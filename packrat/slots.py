@@ -1,4 +1,13 @@
-"""Thin-worker slots: which cores and how many threads this worker process gets.
+"""The worker side of a plan: which cores and how many threads a process gets.
+
+Runs inside the processes that execute a model: TorchServe's Python worker
+(through the handler's claim_and_pin()) and the profiler's isolated worker
+(packrat/profile/worker.py). Both pin with the same recipe, pin_process(), and
+report what they really run with through the same observed_settings(): a plan
+is only as true as the profile it was computed from, so a profiled process and
+a served process on the same slot must run with identical thread settings.
+This module therefore imports nothing from the controller side and, at import
+time, neither torch nor numpy (the profiler imports it before it pins).
 
 TorchServe tells a worker no index, so each worker claims a free slot of its
 version's plan by taking an exclusive flock on the slot's lock file. The OS
@@ -13,16 +22,16 @@ The plan travels in the version's model_config.yaml:
         - {cores: [0], threads: 1}
         - {cores: [1], threads: 1}
 
-This module runs inside TorchServe's worker, in the handler's initialize(),
-before the model is loaded (so torch's thread pools start on the right cores).
+In TorchServe's worker this runs in the handler's initialize(), before the
+model is loaded (so the model's pools and memory start on the right cores).
 
 Every worker whose handler calls claim_and_pin() (with or without a plan)
 also keeps a small status file, `<slot dir>/workers/<pid>.json`: its slot,
-cores and threads, the torch intra-op thread count and CPU affinity it
-actually runs with, and how many batches it has started and finished. The
-controller reads it for two things TorchServe's API does not tell: that a
-worker is pinned as planned, and whether it still has a batch in flight
-(TorchServe 0.12 reports only READY/UNLOADING per worker).
+cores and threads, the thread settings it actually runs with, and how many
+batches it has started and finished. The controller reads it for two things
+TorchServe's API does not tell: that a worker is pinned as planned, and
+whether it still has a batch in flight (TorchServe 0.12 reports only
+READY/UNLOADING per worker).
 """
 
 from __future__ import annotations
@@ -32,14 +41,116 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from packrat.errors import ConfigError
 
+# Pool sizes that the numeric libraries read from the environment when they
+# start: OpenMP (torch's intra-op pool), MKL, OpenBLAS (numpy/scipy) and Rayon
+# (Hugging Face tokenizers).
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS")
+
 # Kept open for the life of the worker process: closing it would free the slot.
 _held_lock_fd: int | None = None
+
+
+# -- the pinning recipe (shared by the served and the profiled worker) ----------
+
+
+def pin_threads(cores: Iterable[int], threads: int) -> None:
+    """Pin every thread of this process to `cores` and set THREAD_VARS to `threads`.
+
+    Imports nothing, so a fresh process can call it before torch, numpy or
+    scipy are imported and every pool they start is born on these cores at
+    this size. sched_setaffinity(0) only moves the calling thread, so threads
+    that already exist (TorchServe's, or a pool torch started early) are moved
+    one by one; threads started later inherit the affinity.
+    """
+    core_set = set(cores)
+    os.sched_setaffinity(0, core_set)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), core_set)
+        except (ProcessLookupError, PermissionError):
+            pass  # thread exited meanwhile
+    for var in THREAD_VARS:
+        os.environ[var] = str(threads)
+
+
+def set_torch_threads(threads: int) -> None:
+    """Size torch's pools: `threads` intra-op threads, one inter-op thread.
+
+    One inter-op thread because a worker runs one batch at a time; more would
+    only be threads competing for the slot's cores.
+    """
+    import torch  # imported here: importing this module must not start torch
+
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass  # inter-op pool already started; observed_settings() reports what it is
+
+
+def pin_process(cores: Iterable[int], threads: int) -> None:
+    """The whole recipe: pin_threads() (before torch is imported), then set_torch_threads()."""
+    pin_threads(cores, threads)
+    set_torch_threads(threads)
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """'0-2,5' -> (0, 1, 2, 5): the kernel's list format (Cpus_allowed_list)."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(out)
+
+
+def cpus_allowed_list(status_path: str = "/proc/self/status") -> str:
+    """The kernel's Cpus_allowed_list of a process or thread, e.g. "0-1,4"."""
+    with open(status_path) as f:
+        for line in f:
+            if line.startswith("Cpus_allowed_list:"):
+                return line.split(":", 1)[1].strip()
+    return "?"
+
+
+def thread_cpu_lists() -> list[str]:
+    """Distinct Cpus_allowed_list values over all threads of this process (pools included)."""
+    seen = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            seen.add(cpus_allowed_list(f"/proc/self/task/{tid}/status"))
+        except OSError:
+            pass  # thread exited meanwhile
+    return sorted(seen)
+
+
+def observed_settings() -> dict[str, Any]:
+    """What this process really runs with, read now (not what was asked for).
+
+    Affinity of the process and of every thread, torch's intra-op and
+    inter-op thread counts, and THREAD_VARS (None when unset). Imports torch:
+    call it once torch's pools are set. Reads /proc for every thread, so it is
+    not for a per-batch path.
+    """
+    import torch
+
+    return {
+        "cpus_allowed_list": cpus_allowed_list(),
+        "thread_cpu_lists": thread_cpu_lists(),
+        "torch_threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "thread_env": {var: os.environ.get(var) for var in THREAD_VARS},
+    }
+
+
+# -- slots of a plan --------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -107,29 +218,6 @@ def claim_slot(packrat_cfg: dict[str, Any]) -> SlotClaim:
     )
 
 
-def pin_process(cores: tuple[int, ...], threads: int) -> None:
-    """Pin every thread of this process to `cores` and size torch's pools.
-
-    sched_setaffinity(0) only moves the calling thread, so threads that already
-    exist (TorchServe's, or a pool torch started early) are moved one by one.
-    """
-    import torch  # imported here: nothing at import time touches torch settings
-
-    core_set = set(cores)
-    os.sched_setaffinity(0, core_set)
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), core_set)
-        except (ProcessLookupError, PermissionError):
-            pass  # thread exited meanwhile
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    torch.set_num_threads(threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass  # already set or inter-op pool already started; intra-op count is what matters
-
-
 class _WorkerStatus:
     """Writes this worker's status file; one instance per worker process."""
 
@@ -139,18 +227,23 @@ class _WorkerStatus:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.started = 0
         self.done = 0
+        # Observed once, right after pinning: reading every thread's /proc entry
+        # costs ~0.05 ms per thread, twice per batch if it were done in write().
+        self.settings = observed_settings()
 
     def write(self, busy: bool) -> None:
         import torch
 
         claim = self.claim
         record = {
+            **self.settings,
             "pid": os.getpid(),
             "plan_id": None if claim is None else Path(claim.lock_path).parent.name,
             "slot": None if claim is None else claim.index,
             "cores": None if claim is None else list(claim.cores),
             "threads": None if claim is None else claim.threads,
-            # What the worker really runs with, read at this moment, not what was asked for.
+            # What the worker really runs with, not what was asked for: the settings
+            # observed at start, and these two re-read at this moment (cheap).
             "torch_threads": torch.get_num_threads(),
             "affinity": sorted(os.sched_getaffinity(0)),
             "started": self.started,

@@ -1,0 +1,107 @@
+"""The profile -> plan -> apply -> observe -> control loop keeps its import direction.
+
+Every import of a packrat module, at module level or inside a function, is read
+from the source (ast), so a lazy import cannot hide an arrow that runs back up.
+Each top-level unit has a floor; a unit may import only units on lower floors.
+A new module must be given a floor here: that is the moment to decide where it
+stands.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FLOORS: dict[str, int] = {
+    "packrat.types": 0,  # frozen values that cross stage boundaries
+    "packrat.errors": 1,  # the one exception tree (SwapError carries a types.SwapRecord)
+    "packrat.slots": 2,  # worker side: runs inside TorchServe's worker and the profiler's
+    "packrat.archive": 2,  # building model archives
+    "packrat.jobs": 2,  # background jobs for the controller
+    "packrat.profile": 3,  # stage 1: isolated timing runs, profile files
+    "packrat.plan": 3,  # stage 2: the optimiser, pure
+    "packrat.apply": 4,  # stage 3: the only code that talks to TorchServe's REST API
+    "packrat.observe": 4,  # stage 4: counters -> estimated B -> re-plan decision
+    "packrat.server": 5,  # starting/stopping a TorchServe process (CLI, bench, tests)
+    "packrat.control": 5,  # the controller: state, clock, the loop
+    "packrat.api": 6,  # REST: parse -> call the controller -> render
+    "packrat.bench": 7,
+    "packrat.commands": 8,
+    "packrat.cli": 9,
+}
+# What TorchServe's Python worker may import from packrat: the worker side only.
+HANDLER_MAY_IMPORT = {"packrat.slots"}
+
+
+def _unit(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def _packrat_imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "packrat":  # from packrat import slots
+                out.update(f"packrat.{a.name}" for a in node.names)
+            elif node.module.startswith("packrat."):
+                out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("packrat."))
+    return {_unit(m) for m in out}
+
+
+def _module_unit(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return _unit(".".join(p for p in parts if p != "__init__"))
+
+
+def _arrows() -> list[tuple[str, str, Path]]:
+    arrows = []
+    for path in sorted((ROOT / "packrat").rglob("*.py")):
+        me = _module_unit(path)
+        arrows += [(me, dep, path) for dep in _packrat_imports(path) if dep != me]
+    return arrows
+
+
+def test_every_unit_has_a_floor() -> None:
+    units = {_module_unit(p) for p in (ROOT / "packrat").rglob("*.py")} - {"packrat"}
+    assert units - set(FLOORS) == set(), "give the new module a floor in FLOORS"
+    assert set(FLOORS) - units == set(), "a unit in FLOORS no longer exists"
+
+
+def test_imports_point_down() -> None:
+    up = [f"{path.relative_to(ROOT)}: {me} (floor {FLOORS[me]}) imports {dep} (floor {FLOORS[dep]})"
+          for me, dep, path in _arrows() if FLOORS[dep] >= FLOORS[me]]
+    assert up == []
+
+
+def test_the_checker_sees_an_arrow_that_runs_back_up(tmp_path: Path) -> None:
+    # A lazy import inside a function counts too.
+    bad = tmp_path / "x.py"
+    bad.write_text("def f():\n    from packrat.control import Controller\n    import packrat.api.x\n"
+                   "from packrat import slots\n")
+    assert _packrat_imports(bad) == {"packrat.control", "packrat.api", "packrat.slots"}
+
+
+def test_handlers_import_only_the_worker_side() -> None:
+    found = {str(p.relative_to(ROOT)): _packrat_imports(p) - HANDLER_MAY_IMPORT
+             for p in sorted((ROOT / "handlers").rglob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+@pytest.mark.parametrize("module", ["packrat.plan", "packrat.profile", "packrat.slots"])
+def test_pure_stages_load_no_torch_and_no_http(module: str) -> None:
+    # A fresh interpreter: this test process may already have torch loaded. The profile
+    # stage and the slots are imported by workers before they pin themselves, so the
+    # pools torch and numpy start must not be started by importing them.
+    code = (f"import sys, {module}; "
+            "bad = [m for m in ('torch', 'requests', 'urllib3', 'httpx', 'fastapi', 'packrat.apply', "
+            "'packrat.control', 'packrat.observe') if m in sys.modules]; print(','.join(bad))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == ""
