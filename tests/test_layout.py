@@ -26,6 +26,7 @@ FLOORS: dict[str, int] = {
     "packrat.jobs": 2,  # background jobs for the controller
     "packrat.profile": 3,  # stage 1: isolated timing runs, profile files
     "packrat.plan": 3,  # stage 2: the optimiser, pure
+    "packrat.cores": 3,  # usable cores: affinity, cgroup cpuset and quota
     "packrat.apply": 4,  # stage 3: the only code that talks to TorchServe's REST API
     "packrat.observe": 4,  # stage 4: counters -> estimated B -> re-plan decision
     "packrat.server": 5,  # starting/stopping a TorchServe process (CLI, bench, tests)
