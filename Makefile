@@ -4,10 +4,20 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
+# The TorchServe endpoint plugin (/packrat/... on the management port): rebuilt
+# when a source changes; without javac the script says so and setup goes on.
+PLUGIN_JAR := plugin/build/packrat-plugin.jar
+PLUGIN_SRC := $(shell find plugin/src plugin/resources -type f) scripts/build_plugin.sh
 
-.PHONY: setup run test bench stop clean
+.PHONY: setup plugin run test bench stop clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(PLUGIN_JAR)
+
+plugin: $(PLUGIN_JAR)
+
+# After the venv (setup lists it first): the build compiles against its model-server.jar.
+$(PLUGIN_JAR): $(PLUGIN_SRC)
+	@scripts/build_plugin.sh
 
 $(VENV)/.installed: pyproject.toml
 	@scripts/check_java.sh
@@ -34,4 +44,4 @@ stop:
 	-scripts/stop_demo.sh
 
 clean: stop
-	rm -rf model-store/*.mar model-store/*/ logs .packrat
+	rm -rf model-store/*.mar model-store/*/ logs .packrat plugin/build

@@ -16,6 +16,7 @@ See docs/handler.md.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,6 +35,11 @@ def load_task(model_dir: str, model_yaml_config: dict[str, Any]) -> Task:
 
 def initialize(context: Context) -> None:
     global _task
+    # TorchServe 0.12's worker json.loads()es application/json bodies (and
+    # decodes text/*) before the handler runs, with no size or depth bound; it
+    # reads this variable per request, so from now on this worker hands every
+    # body over as bytes and packrat_tasks bounds it before decoding.
+    os.environ["TS_DECODE_INPUT_REQUEST"] = "false"
     # First: claim this worker's slot and pin it, before torch starts thread pools
     # and before the model's memory is touched. None when the version has no plan.
     from packrat.slots import claim_and_pin

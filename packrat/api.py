@@ -10,15 +10,27 @@ default (see packrat.commands.control).
     POST /v1/models/{model}/plan             compute a plan for a batch (nothing applied)
     POST /v1/models/{model}/apply            apply a computed or an explicit plan (synchronous swap)
     POST /v1/models/{model}/profile          re-profile in the background -> job
+    POST /v1/models/{model}/tune             tune: guard + profile each mode, apply the best
+                                             (mode, plan) -> job (optional body; docs/tuning.md)
+    GET  /v1/models/{model}/tune             the running or last tune: stage, modes, choice
     GET  /v1/jobs/{job_id}                   poll a job
     GET  /v1/swaps                           swap history (all models)
     GET  /v1/models/{model}/adapt            the re-plan loop: enabled, recent decisions
     PUT  /v1/models/{model}/adapt            switch the re-plan loop on/off for a model
-    GET  /metrics                            Prometheus text: the loop's counters (no token,
-                                             like TorchServe's own metrics port)
+    GET  /metrics                            Prometheus text: the controller's and the loop's
+                                             counters (no token, like TorchServe's own metrics port)
+    GET  /openapi.json                       the spec (no token; the same as docs/openapi.json)
 
 The spec is FastAPI's (GET /openapi.json, exported to docs/openapi.json by
-scripts/export_openapi.py).
+scripts/export_openapi.py). FastAPI's /docs and /redoc pages are off: they load
+their scripts from a CDN (unreachable offline, and a third-party script in the
+operator's browser) and are one more open path; docs/live-plans.md says so.
+
+Guards, in this order, before any route runs: the token is checked by an ASGI
+middleware before the body is read (an unauthenticated caller never gets its
+body parsed, and gets 401 whatever it sent); then FastAPI's request body limit
+(MAX_BODY_BYTES) answers 413 from the Content-Length alone, or as soon as a
+chunked body passes the limit, without reading the rest.
 """
 
 from __future__ import annotations
@@ -29,9 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from packrat.control import Controller, ModelStatus, WorkerState
 from packrat.errors import (
@@ -45,6 +59,44 @@ from packrat.errors import (
 )
 from packrat import jobs
 from packrat.types import Plan, Policy
+
+# The largest request body accepted: an explicit plan of a few hundred instances
+# is a few kB; anything near this is not a request to this API.
+MAX_BODY_BYTES = 64 * 1024
+# Paths answered without the token (read-only, no secrets).
+OPEN_PATHS = frozenset({"/metrics", "/openapi.json"})
+UNAUTHORISED = ("missing or wrong token: send Authorization: Bearer <management key from "
+                "TorchServe's key_file.json>")
+
+# Every error status a route answers, for the spec: clients (and tests/test_reliability_faults.py,
+# which fuzzes the API with schemathesis) check answers against it. 422 for a malformed
+# body or parameter is FastAPI's own, documented with its schema wherever a route takes one.
+ERROR_DESCRIPTIONS = {
+    400: "the request body cannot be decoded (not UTF-8 JSON text)",
+    401: "missing or wrong token",
+    404: "unknown model, job or profile",
+    409: "busy (a swap, or a job of this kind, is running) or the re-plan loop is not running",
+    413: f"request body over {MAX_BODY_BYTES} bytes",
+    422: "malformed request or plan",
+    500: "the swap failed and was rolled back (its record is in the body)",
+    502: "TorchServe answered with an error, or did not answer",
+    503: "TorchServe's key file cannot be read",
+}
+ERROR_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
+    ("GET", "/v1/models"): (502,),
+    ("GET", "/v1/models/{model}/status"): (404, 502),
+    ("POST", "/v1/models/{model}/plan"): (400, 404, 413, 502),
+    ("POST", "/v1/models/{model}/apply"): (400, 404, 409, 413, 500, 502),
+    ("POST", "/v1/models/{model}/profile"): (400, 404, 409, 413, 502),
+    ("GET", "/v1/jobs/{job_id}"): (404,),
+    ("GET", "/v1/swaps"): (),
+    ("GET", "/v1/models/{model}/adapt"): (404, 409, 502),
+    ("PUT", "/v1/models/{model}/adapt"): (400, 404, 409, 413, 502),
+    ("POST", "/v1/models/{model}/tune"): (400, 404, 409, 413, 502),
+    ("GET", "/v1/models/{model}/tune"): (404, 502),
+}
+# A route not listed above may answer any of them.
+OTHER_ERRORS = (400, 404, 409, 413, 500, 502)
 
 # -- request / response bodies ----------------------------------------------------
 
@@ -70,6 +122,24 @@ class ProfileRequest(BaseModel):
     max_batch: int = Field(default=8, ge=1, le=1024)
     budget_s: float | None = Field(default=120.0, gt=0, description="whole profiling run [s]")
     cores: int | None = Field(default=None, ge=1)
+
+
+class TuneRequest(BaseModel):
+    """Every field optional; no body at all means the defaults."""
+
+    modes: list[str] | None = Field(
+        default=None, max_length=32,
+        description="modes to try besides the archive's own, e.g. ['bf16-openvino']; ['all'] = every "
+                    "supported mode [default: a short list per task, docs/tuning.md]")
+    budget_s: float | None = Field(default=None, gt=0, le=24 * 3600,
+                                   description="the whole tune of this model [s] (default 180)")
+    batch: int | None = Field(default=None, ge=1, le=1024,
+                              description="load batch B to choose for [default: observed, else 8]")
+    fresh: bool = Field(default=False, description="re-profile modes whose profile is still valid")
+    max_batch: int | None = Field(default=None, ge=1, le=1024,
+                                  description="largest profiled batch [default: max(batch, 8)]")
+    point_budget_s: float | None = Field(default=None, gt=0, le=600,
+                                         description="seconds per profiled point [default 5]")
 
 
 class AdaptRequest(BaseModel):
@@ -108,6 +178,8 @@ def render_status(s: ModelStatus) -> dict[str, Any]:
         "swap_in_progress": s.swap_in_progress.to_dict() if s.swap_in_progress else None,
         "last_swaps": list(s.last_swaps),
         "adapt": s.adapt,
+        "mode": st.mode,
+        "tune": s.tune,
     }
 
 
@@ -127,35 +199,72 @@ def error_status(exc: PackratError) -> int:
 # -- the app ---------------------------------------------------------------------
 
 
+def token_status(controller: Controller, authorization: str | None) -> int:
+    """200 if `authorization` is "Bearer <TorchServe's management key as key_file.json holds it now>",
+    401 if not, 503 if the key file cannot be read."""
+    try:
+        expected = controller.management_key()
+    except TorchServeError:
+        return 503
+    scheme, _, token = (authorization or "").partition(" ")
+    if (
+        expected is None
+        or scheme.lower() != "bearer"
+        or not hmac.compare_digest(token.strip().encode(), expected.encode())
+    ):
+        return 401
+    return 200
+
+
+class TokenGate:
+    """ASGI middleware: check the token before anything reads the request body."""
+
+    def __init__(self, app: ASGIApp, controller: Controller) -> None:
+        self.app = app
+        self.controller = controller
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
+        # The key file is read (when it changed) off the event loop.
+        code = await run_in_threadpool(token_status, self.controller, header)
+        if code == 200:
+            await self.app(scope, receive, send)
+            return
+        detail = UNAUTHORISED if code == 401 else "cannot read TorchServe's key file"
+        headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
+        # The body is never read.
+        await JSONResponse({"detail": detail}, status_code=code, headers=headers)(scope, receive, send)
+
+
 def create_app(controller: Controller) -> FastAPI:
     app = FastAPI(
         title="Packrat controller",
         version="1",
         description=(
             "Live plans for TorchServe: thin pinned workers, active-passive swaps. "
-            "Every call needs `Authorization: Bearer <TorchServe management key>`."
+            "Every call needs `Authorization: Bearer <TorchServe management key>`. "
+            f"Request bodies over {MAX_BODY_BYTES} bytes get 413."
         ),
+        docs_url=None,
+        redoc_url=None,
+        max_body_size=MAX_BODY_BYTES,
     )
+    app.add_middleware(TokenGate, controller=controller)
 
-    # Declared as an HTTP bearer scheme so the OpenAPI spec documents it; checked by hand
-    # (auto_error=False) so every failure is the same 401 with a useful message.
+    # Declared as an HTTP bearer scheme so the OpenAPI spec documents it. TokenGate has
+    # already checked the token (before the body was read); this re-check is the
+    # route-level guarantee should a route ever be mounted outside the gate.
     bearer = HTTPBearer(auto_error=False, description="TorchServe's management key (key_file.json)")
 
-    def require_token(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        try:
-            expected = controller.management_key()
-        except TorchServeError as exc:
-            raise HTTPException(503, f"cannot read TorchServe's key file: {exc}") from exc
-        if (
-            creds is None
-            or expected is None
-            or not hmac.compare_digest(creds.credentials.strip().encode(), expected.encode())
-        ):
-            raise HTTPException(
-                401,
-                "missing or wrong token: send Authorization: Bearer <management key from TorchServe's key_file.json>",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+    def require_token(request: Request, _: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        code = token_status(controller, request.headers.get("authorization"))
+        if code == 503:
+            raise HTTPException(503, "cannot read TorchServe's key file")
+        if code != 200:
+            raise HTTPException(401, UNAUTHORISED, headers={"WWW-Authenticate": "Bearer"})
 
     auth = [Depends(require_token)]
 
@@ -215,9 +324,28 @@ def create_app(controller: Controller) -> FastAPI:
         status_code=202,
         summary="Re-profile in the background; poll the job",
     )
-    def profile(model: str, req: ProfileRequest) -> jobs.Job:
+    def profile(model: str, req: ProfileRequest | None = None) -> jobs.Job:
         known(model)
+        req = req or ProfileRequest()  # no body: the defaults
         return controller.start_profile(model, max_batch=req.max_batch, budget_s=req.budget_s, cores=req.cores)
+
+    @app.post(
+        "/v1/models/{model}/tune",
+        dependencies=auth,
+        status_code=202,
+        summary="Tune in the background: guard and profile each mode, apply the best (mode, plan)",
+    )
+    def tune(model: str, req: TuneRequest | None = None) -> jobs.Job:
+        known(model)
+        req = req or TuneRequest()  # no body: the defaults
+        return controller.start_tune(model, modes=req.modes, budget_s=req.budget_s, batch=req.batch,
+                                     fresh=req.fresh, max_batch=req.max_batch,
+                                     point_budget_s=req.point_budget_s)
+
+    @app.get("/v1/models/{model}/tune", dependencies=auth, summary="The running or last tune of a model")
+    def get_tune(model: str) -> dict[str, Any]:
+        known(model)
+        return {"model": model, "tune": controller.tune_status(model)}
 
     @app.get("/v1/jobs/{job_id}", dependencies=auth, summary="Poll a background job")
     def get_job(job_id: str) -> jobs.Job:
@@ -241,16 +369,47 @@ def create_app(controller: Controller) -> FastAPI:
         loop.set_enabled(model, req.enabled)
         return {"model": model, "enabled": loop.is_enabled(model)}
 
-    @app.get("/metrics", summary="Prometheus metrics of the re-plan loop (no token)")
+    @app.get("/metrics", summary="Prometheus metrics of the controller and the re-plan loop (no token)",
+             response_class=PlainTextResponse)
     def metrics() -> Response:
         # Unauthenticated like TorchServe's metrics port: counts only, and
         # Prometheus scrapers cannot follow a key that expires hourly.
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        body = controller.policy.metrics_text() if controller and controller.policy else b""
-        return Response(content=body, media_type=CONTENT_TYPE_LATEST)
+        return Response(content=controller.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
+    document_errors(app)
     return app
+
+
+# A 422 is FastAPI's validation error (`detail`: a list of errors) or the controller's own
+# (`detail`: a message, `error`: the exception's name): one schema for both.
+UNPROCESSABLE = {
+    "description": "malformed request or plan",
+    "content": {"application/json": {"schema": {
+        "type": "object",
+        "required": ["detail"],
+        "properties": {
+            "detail": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+            "error": {"type": "string"},
+        },
+    }}},
+}
+
+
+def document_errors(app: FastAPI) -> None:
+    """Put each /v1 route's error statuses into the spec (401 and 503: the token gate's)."""
+    from fastapi.dependencies.utils import get_flat_params
+    from fastapi.routing import APIRoute
+
+    for route in app.routes:
+        if not isinstance(route, APIRoute) or not route.path.startswith("/v1/"):
+            continue
+        for method in route.methods:
+            for code in (401, 503, *ERROR_STATUSES.get((method, route.path), OTHER_ERRORS)):
+                route.responses.setdefault(code, {"description": ERROR_DESCRIPTIONS[code]})
+        if route.body_field is not None or get_flat_params(route.dependant):
+            route.responses[422] = UNPROCESSABLE  # where FastAPI would document its own
 
 
 def export_openapi(path: str | Path) -> None:

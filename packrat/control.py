@@ -9,11 +9,30 @@ be killed and restarted at any time without disturbing serving:
 - what TorchServe does not know lives in the state dir (`.packrat/` by default):
     swaps.jsonl        one line per swap attempt (durations, outcome, error)
     policy-state.json  the re-plan policy's state, per model
+    last-plans.json    per model, the version and plan the last successful swap made live
+    profiles/<m>/<mode>.json  one profile per execution mode (packrat.profile.library)
+    tune/<m>.json      the last tune of each model: stages, modes, refusals, choice
     profiles/<m>.json  profiles made through the REST API
     controller.lock    flock: one controller per state dir
+- one controller per TorchServe: it also holds an flock on
+  `<model store>/.packrat-controller.lock`. Every controller of a TorchServe
+  must use that TorchServe's model store (versions are registered by their
+  directory name in it), whatever path it is given, and two controllers on one
+  store would also number and delete each other's version directories.
+  TorchServe skips hidden files when it scans the store.
 - on attach it finishes what a killed controller left half done: a Packrat
-  version that is loaded but not the default is drained and unregistered, and
-  version directories no version was registered from are deleted.
+  version that is loaded but not the default is retired (Swapper.retire:
+  drained, scaled to 0, queue confirmed empty, unregistered), and version
+  directories no version was registered from are deleted.
+- each tick it checks that the version of each model's last successful swap
+  is still loaded. When it is not (TorchServe restarted and loaded the base
+  model, or someone unregistered it), the last plan is applied again, at most
+  once per `reapply_backoff_s`.
+
+Swaps run on their own thread (one at a time; a second gets BusyError): the
+tick thread keeps deciding while a swap takes its 10-60 s, and any exception
+in a tick is logged, counted (packrat_controller_tick_errors_total in
+/metrics) and the loop goes on.
 
 The re-plan decision is not made here. `tick()` hands a packrat.types.TickContext
 to an injected packrat.types.Policy `(context, state) -> (plan or None, new state)`
@@ -29,27 +48,40 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from packrat.apply import versions
 from packrat.apply.client import ManagementClient, scrape_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
 from packrat.apply.swap import Swapper, SwapSettings, WorkerCheck, check_workers
-from packrat.errors import BusyError, ConfigError, PackratError, ProfileError, SwapError
-from packrat.jobs import Job, Jobs
+from packrat.errors import BusyError, ConfigError, PackratError, ProfileError, SwapError, TorchServeError
+from packrat.jobs import Job, Jobs, Turns
 from packrat.observe import metrics
-from packrat.plan import plan_from_shape, realizable_plan
+from packrat import tune
+from packrat.plan import plan_from_shape, realizable_plan, same_shape
 from packrat.profile import ProfileSettings, load_profile, open_archive, run_profile, save_profile
+from packrat.profile.fingerprint import mode_from_config
+from packrat.profile.identity import archive_in_mode
+from packrat.profile.library import profile_file, usable_profiles
 from packrat.types import Observation, Plan, Policy, Profile, SwapRecord, TickContext
 
 DEFAULT_STATE_DIR = Path(".packrat")
 HISTORY_FILE = "swaps.jsonl"
 POLICY_STATE_FILE = "policy-state.json"
+LAST_PLANS_FILE = "last-plans.json"
+STATE_LOCK_FILE = "controller.lock"
+# In the model store: one controller per TorchServe (hidden: TorchServe's store scan skips it).
+STORE_LOCK_FILE = ".packrat-controller.lock"
+
+log = logging.getLogger("packrat.controller")
 
 
 @dataclass(frozen=True)
@@ -60,7 +92,10 @@ class ControllerSettings:
     metrics_url: str | None = None  # observed latency in status; none when unset
     state_dir: Path = DEFAULT_STATE_DIR
     cores: tuple[int, ...] | None = None  # usable cores; default: this process's affinity
-    tick_s: float = 5.0  # how often the policy runs (when one is set)
+    tick_s: float = 5.0  # how often the tick runs (restart watch, and the policy when one is set)
+    # After re-applying a lost plan, wait this long before trying again (a re-apply that
+    # keeps failing must not swap every tick).
+    reapply_backoff_s: float = 30.0
     swap: SwapSettings = field(default_factory=SwapSettings)
 
 
@@ -80,6 +115,7 @@ class ModelState:
     plan: Plan | None  # None: a plain version Packrat did not create
     workers: tuple[WorkerState, ...]
     other_versions: tuple[str, ...]
+    mode: str | None = None  # execution mode the live version runs; None: not a Packrat archive
 
 
 @dataclass(frozen=True)
@@ -99,6 +135,54 @@ class ModelStatus:
     swap_in_progress: SwapRecord | None
     last_swaps: tuple[dict[str, Any], ...]  # swaps.jsonl lines of this model
     adapt: dict[str, Any] | None  # the re-plan loop's view, if it runs
+    tune: dict[str, Any] | None = None  # the model's last or running tune (packrat.tune.Tracker)
+
+
+class _Metrics:
+    """The controller's own series (beside the re-plan loop's) for GET /metrics."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.tick_errors = Counter("packrat_controller_tick_errors",
+                                   "Exceptions caught in the controller's tick (logged; the loop goes on)",
+                                   registry=registry)
+        self.swaps = Counter("packrat_controller_swaps", "Swaps run by the controller, by outcome",
+                             ["model", "outcome"], registry=registry)
+        self.swap_running = Gauge("packrat_controller_swap_running", "1 while a swap runs", registry=registry)
+        self.lost_versions = Counter(
+            "packrat_controller_lost_versions",
+            "Times the version of a model's last swap was no longer loaded (TorchServe restarted)",
+            ["model"], registry=registry)
+        self.reapplies = Counter("packrat_controller_reapplies",
+                                 "Last plans applied again after their version was lost", ["model"],
+                                 registry=registry)
+        self.unreachable = Gauge("packrat_controller_torchserve_unreachable",
+                                 "1 while TorchServe's management API does not answer the tick",
+                                 registry=registry)
+
+
+@dataclass
+class SwapTask:
+    """A swap handed to the swap thread; `done` is set when it finished either way."""
+
+    model: str
+    plan: Plan
+    done: threading.Event = field(default_factory=threading.Event)
+    record: SwapRecord | None = None
+    error: BaseException | None = None
+
+
+def _flock(path: Path, busy: str) -> int:
+    """Take an exclusive flock on `path` (never through a symlink); ConfigError(busy) if held."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        try:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        finally:
+            os.close(fd)
+        raise ConfigError(f"{busy} ({path}: {holder or 'holder unknown'})") from exc
+    return fd
 
 
 class Controller:
@@ -119,37 +203,52 @@ class Controller:
             list(settings.cores) if settings.cores is not None else sorted(os.sched_getaffinity(0))
         )
         self.swapper = Swapper(self.client, settings.model_store, self.cores, settings.swap)
-        # One swap at a time per controller (REST calls and ticks share it).
+        # One swap at a time per controller (REST calls and ticks share it), run on its own thread.
         self._swap_lock = threading.Lock()
-        self._lock_fd: int | None = None
+        self._lock_fds: list[int] = []
         self._last_observation: dict[str, Observation] = {}
         self.running_swap: SwapRecord | None = None
         self.jobs = Jobs()
+        # Profiling and tuning jobs take turns: two runs on the same cores measure each other.
+        self.turns = Turns()
+        self._tunes: dict[str, Any] = {}  # model -> packrat.tune.Tracker of its latest tune
+        self.registry = CollectorRegistry()
+        self.metrics = _Metrics(self.registry)
+        self._reapply_after: dict[str, float] = {}
+        self._unreachable = False
 
     # -- lifecycle ------------------------------------------------------------
     def acquire(self) -> None:
-        """Take the state dir's lock: a second controller on the same state would race swaps."""
-        fd = os.open(self.state_dir / "controller.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the state dir's lock and the model store's: one controller per TorchServe.
+
+        The model store is the TorchServe's own: every controller of it must
+        create its version directories there, so its lock is held by exactly the
+        controllers that could fight over that TorchServe (see the module docstring).
+        """
+        fds = [_flock(self.state_dir / STATE_LOCK_FILE, f"another controller uses the state dir {self.state_dir}")]
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            os.close(fd)
-            raise ConfigError(f"another controller holds {self.state_dir}/controller.lock") from exc
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
+            fds.append(_flock(Path(self.settings.model_store) / STORE_LOCK_FILE,
+                              "another controller manages the TorchServe of this model store"))
+        except BaseException:
+            os.close(fds[0])
+            raise
+        for fd in fds:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} management {self.settings.management_url}\n".encode())
+        self._lock_fds = fds
 
     def release(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        for fd in self._lock_fds:
+            os.close(fd)
+        self._lock_fds = []
 
     def attach(self) -> list[str]:
         """Read what is live and finish half-done swaps; returns what was cleaned up."""
         cleaned: list[str] = []
+        last = self._last_plans()
         for m in self.client.list_models():
             name = m["modelName"]
-            default_version, _ = self.swapper.current(name)
+            default_version, default_url = self.swapper.current(name)
             registered_urls = set()
             for d in self.client.describe_all(name):
                 registered_urls.add(d["modelUrl"])
@@ -158,10 +257,15 @@ class Controller:
                     continue
                 path = self.settings.model_store / d["modelUrl"]
                 if (path / versions.MANIFEST).exists() and versions.load_version(path) is not None:
-                    # Left over by a killed swap: new-but-not-default, or old-not-yet-unregistered.
-                    self.swapper.drain(name, v)
-                    self.client.unregister(name, v)
+                    # Left over by a killed swap: new-but-not-default, or old-not-yet-retired
+                    # (possibly already scaled to 0 with jobs back in its queue: retire serves them).
+                    try:
+                        self.swapper.retire(name, v)
+                    except (SwapError, TorchServeError) as exc:
+                        log.warning("could not retire %s %s left by a killed swap: %s", name, v, exc)
+                        continue  # still registered: its directory stays
                     self.swapper.retire_dir(d["modelUrl"])
+                    registered_urls.discard(d["modelUrl"])
                     cleaned.append(f"{name} {v}")
             # Version dirs of this model that nothing is registered from: a swap died before register.
             for path in self.settings.model_store.glob(f"{name}.p*"):
@@ -169,6 +273,12 @@ class Controller:
                     if versions.load_version(path) is not None:
                         versions.remove_version(path)
                         cleaned.append(str(path.name))
+            # What is live and Packrat's is the plan to keep live (a newer controller's view wins).
+            live = self.settings.model_store / default_url
+            vdir = versions.load_version(live) if (live / versions.MANIFEST).exists() else None
+            if vdir is not None:
+                last[name] = {"version": default_version, "url": default_url, "plan": vdir.plan.to_dict()}
+        self._save_last_plans(last)
         return cleaned
 
     # -- reading state ------------------------------------------------------------
@@ -196,6 +306,7 @@ class Controller:
             plan=vdir.plan if vdir else None,
             workers=workers,
             other_versions=others,
+            mode=versions.served_mode(path),
         )
 
     def history(self, model: str | None = None, last: int = 20) -> list[dict[str, Any]]:
@@ -243,6 +354,7 @@ class Controller:
             swap_in_progress=self.running_swap,
             last_swaps=tuple(self.history(model, last=10)),
             adapt=self.policy.status(model) if self.policy is not None else None,
+            tune=self.tune_status(model),
         )
 
     # -- plans and profiles ---------------------------------------------------------
@@ -250,7 +362,14 @@ class Controller:
         return self.state_dir / "profiles" / f"{model}.json"
 
     def profile(self, model: str) -> Profile:
-        """The profile the controller plans `model` from; ProfileError when there is none."""
+        """The profile the controller plans `model` from; ProfileError when there is none.
+
+        The per-mode profile of the live mode when it is still valid for the base
+        archive and this machine (packrat.profile.library), else a profile placed
+        at profile_path(model)."""
+        live = self._live_mode_profile(model)
+        if live is not None:
+            return live
         path = self.profile_path(model)
         if not path.exists():
             raise ProfileError(
@@ -259,61 +378,255 @@ class Controller:
             )
         return load_profile(path)
 
+    def _live_mode_profile(self, model: str) -> Profile | None:
+        st = self.model_state(model)
+        if st.mode is None:
+            return None
+        base_dir = self.settings.model_store / self.swapper.base_of(st.url)
+        for prof in usable_profiles(self.state_dir, model, base_dir):
+            if prof.fingerprint is not None and prof.fingerprint.mode == st.mode:
+                return prof
+        return None
+
+    def _live_mode_override(self, model: str) -> str | None:
+        """The live mode when it is not the base archive's own (a plan must keep it), else None."""
+        st = self.model_state(model)
+        base_mode = versions.served_mode(self.settings.model_store / self.swapper.base_of(st.url))
+        return st.mode if st.mode is not None and st.mode != base_mode else None
+
     def plan_for(self, model: str, batch: int, cores: int | None = None) -> Plan:
-        """The optimiser's realisable plan for load `batch` from `model`'s profile."""
+        """The optimiser's realisable plan for load `batch` from `model`'s profile (in its mode)."""
         ncores = cores or len(self.cores)
         if ncores > len(self.cores):
             raise ConfigError(f"cores {ncores} exceeds the {len(self.cores)} usable cores")
-        return realizable_plan(self.profile(model), ncores, batch)
+        profile = self.profile(model)
+        plan = realizable_plan(profile, ncores, batch)
+        mode = profile.fingerprint.mode if profile.fingerprint is not None else None
+        return replace(plan, mode=mode or self._live_mode_override(model))
 
     def explicit_plan(self, model: str, shape: Sequence[tuple[int, int]]) -> Plan:
-        """A plan of the given (threads, batch cap) workers, predicted from the profile if it has them."""
+        """A plan of the given (threads, batch cap) workers in the live mode, predicted from
+        the profile if it has them."""
         try:
             profile: Profile | None = self.profile(model)
         except ProfileError:
             profile = None  # explicit plans need no profile; they just have no prediction
-        return plan_from_shape(shape, len(self.cores), profile)
+        return replace(plan_from_shape(shape, len(self.cores), profile), mode=self._live_mode_override(model))
 
     def start_profile(self, model: str, *, max_batch: int, budget_s: float | None,
                       cores: int | None = None) -> Job:
-        """Re-profile `model`'s base archive in the background; the job says when it is done."""
+        """Re-profile `model` in its live mode in the background; the job says when it is done.
+
+        The profile goes where tuning and the re-plan loop read it:
+        <state dir>/profiles/<model>/<mode>.json (packrat.profile.library)."""
         st = self.model_state(model)
         base_dir = self.settings.model_store / self.swapper.base_of(st.url)
         settings = ProfileSettings(cores=cores or len(self.cores), max_batch=max_batch, budget_s=budget_s)
         settings.validate(len(self.cores))
         archive = open_archive(base_dir)
-        out = self.profile_path(model)
+        if st.mode is not None:
+            archive = archive_in_mode(archive, st.mode)
+        out = profile_file(self.state_dir, model, mode_from_config(archive.config))
 
         def run() -> dict[str, Any]:
             prof = run_profile(archive, settings, progress=False)
             save_profile(prof, out)
             return {"profile_path": str(out), "points": len(prof.points)}
 
-        return self.jobs.start("profile", model, run)
+        return self.jobs.start("profile", model, run, turns=self.turns)
+
+    # -- tuning (packrat.tune: modes x shapes, docs/tuning.md) -------------------------
+    def base_of(self, model: str, st: ModelState | None = None) -> tuple[str, Path]:
+        """(name, path) of the base archive behind `model`'s live version."""
+        st = st or self.model_state(model)
+        base = self.swapper.base_of(st.url)
+        return base, self.settings.model_store / base
+
+    def tick_profiles(self, model: str, st: ModelState | None = None) -> tuple[Profile, ...]:
+        """The per-mode profiles of `model` usable now (archive hash and fingerprint checked)."""
+        st = st or self.model_state(model)
+        if st.mode is None:
+            return ()
+        _, base_dir = self.base_of(model, st)
+        try:
+            return usable_profiles(self.state_dir, model, base_dir)
+        except (OSError, PackratError) as exc:
+            log.warning("%s: per-mode profiles unusable: %s", model, exc)
+            return ()
+
+    def tune_key(self, model: str, st: ModelState | None = None) -> dict[str, Any] | None:
+        """What a tune of `model` is valid for (base archive, its hash, this machine);
+        None when the live version is not a Packrat archive (nothing to tune)."""
+        st = st or self.model_state(model)
+        if st.mode is None:
+            return None
+        base, base_dir = self.base_of(model, st)
+        if not (base_dir / "packrat_handler.py").is_file():
+            return None  # a model served by its own handler: no modes to try
+        return tune.tune_key(base_dir, base)
+
+    def tune_status(self, model: str) -> dict[str, Any] | None:
+        """The running or last tune of `model` (stage, modes, choice), or None if never tuned."""
+        tracker = self._tunes.get(model)
+        return tracker.snapshot() if tracker is not None else tune.load_record(self.state_dir, model)
+
+    def observed_batch(self, model: str) -> int | None:
+        """The re-plan loop's latest ready estimate of B under load, if any."""
+        if self.policy is None:
+            return None
+        for d in reversed(self.policy.decisions(model, last=10)):
+            est = d.get("estimate") or {}
+            if est.get("ready") and not est.get("idle") and d.get("estimated_batch"):
+                return int(d["estimated_batch"])
+        return None
+
+    def start_tune(self, model: str, *, modes: Sequence[str] | None = None, budget_s: float | None = None,
+                   batch: int | None = None, fresh: bool = False, max_batch: int | None = None,
+                   point_budget_s: float | None = None, trigger: str = "request") -> Job:
+        """Tune `model` in the background: guard and profile each candidate mode, choose
+        (mode, plan) for `batch` (default: the observed B, else tune.DEFAULT_BATCH) and
+        apply it by the usual swap. Tunes and profiling jobs take turns (queued).
+        BusyError while a tune of this model is queued or running."""
+        st = self.model_state(model)  # TorchServeError 404 for an unknown model
+        base, base_dir = self.base_of(model, st)
+        if st.mode is None or not (base_dir / "packrat_handler.py").is_file():
+            raise ConfigError(f"{model}: its live version is not a Packrat archive (no packrat_handler.py "
+                              "or packrat.task); nothing to tune")
+        if self.jobs.unfinished("tune", model) is not None:
+            raise BusyError(f"a tune of {model} is already queued or running")
+        settings = tune.TuneSettings(
+            cores=len(self.cores), batch=batch or self.observed_batch(model) or tune.DEFAULT_BATCH,
+            modes=tune.requested_modes(modes), budget_s=budget_s or tune.DEFAULT_BUDGET_S, fresh=fresh,
+            max_batch=max_batch, point_budget_s=point_budget_s or tune.DEFAULT_POINT_BUDGET_S)
+        settings.validate(len(self.cores))
+        previous = tune.load_record(self.state_dir, model)
+        job_ref: dict[str, Job] = {}
+
+        def publish(snap: dict[str, Any]) -> None:
+            job = job_ref.get("job")
+            if job is not None:
+                job.progress = snap
+
+        tracker = tune.Tracker(self.state_dir, model, on_change=publish)
+        tracker.set(trigger=trigger, batch=settings.batch, budget_s=settings.budget_s)
+        self._tunes[model] = tracker
+
+        def work(job: Job) -> dict[str, Any]:
+            job_ref["job"] = job
+            key: dict[str, Any] | None = None
+            try:
+                key = tune.tune_key(base_dir, base)
+                result = tune.tune_model(base_dir, model, self.state_dir, settings, tracker, previous=previous)
+                return self._apply_tuned(model, result, tracker, key)
+            except Exception as exc:
+                tracker.set(state="failed", stage="failed", text=f"failed: {exc}"[:500], error=str(exc),
+                            finished=self.clock(), key=key)
+                raise
+
+        job = self.jobs.start("tune", model, work, per_model=True, turns=self.turns, with_job=True)
+        job.progress = tracker.snapshot()
+        return job
+
+    def _apply_tuned(self, model: str, result: Any, tracker: Any, key: dict[str, Any]) -> dict[str, Any]:
+        plan: Plan = result.plan
+        base_row = result.per_mode[0] if result.per_mode else {}  # the archive's own mode comes first
+        summary = (f"{tune.describe(plan)}: predicted {plan.predicted_latency_ms:.0f} ms at B={plan.batch}"
+                   + (f" (fat {base_row['mode']}: {base_row['fat_ms']:.0f} ms)"
+                      if base_row.get("fat_ms") else ""))
+        tracker.set(stage="applying", text=f"applying {summary}", choice=plan.to_dict())
+        live = self.model_state(model)
+        live_plan = replace(live.plan, mode=live.plan.mode or live.mode) if live.plan is not None else None
+        swap: dict[str, Any] | None
+        if live_plan is not None and same_shape(live_plan, plan) and live_plan.mode == plan.mode:
+            swap = {"outcome": "already live", "version": live.version}
+        else:
+            deadline = time.monotonic() + self.settings.swap.ready_timeout_s
+            while True:  # another swap (the re-plan loop's, a REST apply) may be running
+                try:
+                    swap = self.apply(model, plan).to_dict()
+                    break
+                except BusyError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(1.0)
+        tracker.set(state="done", stage="applied", text=f"applied {summary}", swap=swap,
+                    finished=self.clock(), key=key)
+        return tracker.snapshot()
 
     # -- acting -------------------------------------------------------------------
     def swap_busy(self) -> bool:
         return self._swap_lock.locked()
 
-    def apply(self, model: str, plan: Plan) -> SwapRecord:
-        """Swap `model` to `plan` (one swap at a time); the attempt is recorded whatever happens."""
+    def start_swap(self, model: str, plan: Plan) -> SwapTask:
+        """Start swapping `model` to `plan` on the swap thread and return at once.
+
+        BusyError while another swap runs; ConfigError / TorchServeError (unknown
+        model) before anything is touched. The attempt is recorded whatever happens.
+        """
         if not self._swap_lock.acquire(blocking=False):
             raise BusyError("a swap is already running; try again when it is done")
+        return self._start_swap_locked(model, plan)
+
+    def _start_swap_locked(self, model: str, plan: Plan) -> SwapTask:
+        """start_swap() for a caller that holds the swap lock; the swap thread releases it."""
         try:
             versions.validate_plan(plan, len(self.cores))
             self.swapper.current(model)  # TorchServeError 404 for an unknown model, before anything
-            self.running_swap = SwapRecord(model, None, None, plan, self.clock())
+            task = SwapTask(model, plan)
+            self.running_swap = SwapRecord(model, None, None, plan, self.clock(), phase="starting")
+            self.metrics.swap_running.set(1)
+            threading.Thread(target=self._run_swap, args=(task,), name=f"packrat-swap-{model}",
+                             daemon=True).start()
+        except BaseException:
+            self.running_swap = None
+            self.metrics.swap_running.set(0)
+            self._swap_lock.release()
+            raise
+        return task
+
+    def apply(self, model: str, plan: Plan) -> SwapRecord:
+        """Swap `model` to `plan` and wait for the result (the swap runs on the swap thread)."""
+        task = self.start_swap(model, plan)
+        task.done.wait()
+        if task.error is not None:
+            raise task.error
+        assert task.record is not None
+        return task.record
+
+    def _run_swap(self, task: SwapTask) -> None:
+        try:
+            record = self.swapper.apply(task.model, task.plan, on_phase=self._on_phase)
+            task.record = record
+            self.metrics.swaps.labels(task.model, record.outcome).inc()
+            self._record_quietly(record.to_dict())
             try:
-                record = self.swapper.apply(model, plan)
-            except SwapError as exc:
-                if exc.record is not None:
-                    self._append_history(exc.record.to_dict())
-                raise
-            self._append_history(record.to_dict())
-            return record
+                self._remember(record)  # before the lock is released: the restart watch reads it
+            except OSError:
+                log.exception("could not save %s", self.state_dir / LAST_PLANS_FILE)
+        except SwapError as exc:
+            task.error = exc
+            outcome = exc.record.outcome if exc.record is not None else "failed"
+            self.metrics.swaps.labels(task.model, outcome).inc()
+            if exc.record is not None:
+                self._record_quietly(exc.record.to_dict())
+        except BaseException as exc:  # reported to the caller; the swap thread must not die silently
+            task.error = exc
+            self.metrics.swaps.labels(task.model, "error").inc()
+            log.exception("swap of %s failed", task.model)
         finally:
             self.running_swap = None
+            self.metrics.swap_running.set(0)
             self._swap_lock.release()
+            task.done.set()
+
+    def _on_phase(self, record: SwapRecord) -> None:
+        self.running_swap = record
+
+    def _record_quietly(self, rec: dict[str, Any]) -> None:
+        try:
+            self._append_history(rec)
+        except OSError:
+            log.exception("could not append to %s", self.state_dir / HISTORY_FILE)
 
     def _append_history(self, rec: dict[str, Any]) -> None:
         # Append + fsync per line: a crash loses at most the line being written.
@@ -321,6 +634,75 @@ class Controller:
             f.write(json.dumps(rec) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+    # -- the last applied plan, and TorchServe restarts -------------------------------
+    def _last_plans(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads((self.state_dir / LAST_PLANS_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _save_last_plans(self, plans: dict[str, dict[str, Any]]) -> None:
+        path = self.state_dir / LAST_PLANS_FILE
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps(plans, indent=1))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _remember(self, record: SwapRecord) -> None:
+        plans = self._last_plans()
+        plans[record.model] = {"version": record.to_version, "url": f"{record.model}.{record.to_version}",
+                               "plan": record.plan.to_dict()}
+        self._save_last_plans(plans)
+
+    def watch(self, models: Sequence[str]) -> list[str]:
+        """Apply the last plan again where its version is no longer loaded; returns those models.
+
+        The version a successful swap made live stays loaded until the next swap
+        replaces it. If TorchServe no longer lists it, TorchServe restarted (and
+        loaded the base model, or nothing) or someone unregistered it: the plan
+        the controller last made live is made live again.
+        """
+        # Under the swap lock: a swap changes versions on purpose, and one that ends
+        # between reading last-plans.json and acting on it must not be undone.
+        if not self._swap_lock.acquire(blocking=False):
+            return []
+        handed_over = False
+        try:
+            for model, entry in self._last_plans().items():
+                if model not in models:
+                    continue  # TorchServe runs without this model: there is nothing to swap
+                try:
+                    loaded = {d["modelVersion"] for d in self.client.describe_all(model)}
+                except TorchServeError:
+                    continue
+                if entry.get("version") in loaded or self.clock() < self._reapply_after.get(model, 0.0):
+                    continue
+                self._reapply_after[model] = self.clock() + self.settings.reapply_backoff_s
+                self.metrics.lost_versions.labels(model).inc()
+                log.warning("%s: version %s of the last swap is no longer loaded (TorchServe restarted?); "
+                            "applying its plan again", model, entry.get("version"))
+                # Its directory outlived it (TorchServe stopped before a swap could retire it).
+                self.swapper.retire_dir(str(entry.get("url")))
+                plan = Plan.from_dict(entry["plan"])
+                handed_over = True  # _start_swap_locked releases the lock, also when it fails
+                self._start_swap_locked(model, plan)
+                self.metrics.reapplies.labels(model).inc()
+                return [model]  # one swap at a time
+            return []
+        finally:
+            if not handed_over:
+                self._swap_lock.release()
+
+    def metrics_text(self) -> bytes:
+        """The controller's series and the re-plan loop's, in Prometheus text format."""
+        out = generate_latest(self.registry)
+        if self.policy is not None:
+            out += self.policy.metrics_text()
+        return out
 
     # -- the policy seam -------------------------------------------------------------
     def policy_state(self) -> dict[str, Any]:
@@ -336,40 +718,77 @@ class Controller:
         tmp.write_text(json.dumps(state, indent=1, default=str))
         os.replace(tmp, path)
 
-    def tick(self) -> list[SwapRecord]:
-        """One round of the policy over every model; applies the plans it asks for."""
-        if self.policy is None:
+    def tick(self) -> list[str]:
+        """One round: the restart watch, then the policy over every model.
+
+        Swaps start on the swap thread (this returns at once); returns the models
+        a swap was started for. An exception for one model is logged and counted,
+        and the other models still get their turn.
+        """
+        try:
+            models = self.models()
+        except TorchServeError as exc:
+            if not self._unreachable:
+                log.warning("TorchServe's management API does not answer: %s", exc)
+            self._unreachable = True
+            self.metrics.unreachable.set(1)
             return []
-        done: list[SwapRecord] = []
+        if self._unreachable:
+            log.warning("TorchServe's management API answers again")
+            self._unreachable = False
+            self.metrics.unreachable.set(0)
+        started = self._guarded("watch", lambda: self.watch(models)) or []
+        if self.policy is None:
+            return started
         all_state = self.policy_state()
-        for model in self.models():
-            st = self.model_state(model)
-            profile = self.profile_path(model)
-            ctx = TickContext(
-                now=self.clock(),
-                model=model,
-                version=st.version,
-                plan=st.plan,
-                observation=self.observe(model),
-                cores=len(self.cores),
-                profile_path=profile if profile.exists() else None,
-                swap_in_progress=self.running_swap is not None,
-            )
-            new_plan, all_state[model] = self.policy(ctx, all_state.get(model, {}))
-            self._save_policy_state(all_state)
-            if new_plan is not None:
-                try:
-                    done.append(self.apply(model, new_plan))
-                except PackratError:
-                    pass  # recorded in the history; the next tick decides again
-        return done
+        for model in models:
+            if self._guarded(model, lambda: self._tick_model(model, all_state)):
+                started.append(model)
+        return started
+
+    def _tick_model(self, model: str, all_state: dict[str, Any]) -> bool:
+        assert self.policy is not None
+        st = self.model_state(model)
+        profile = self.profile_path(model)
+        profiles = self.tick_profiles(model, st)
+        plan = st.plan
+        if profiles and plan is not None and plan.mode is None:
+            plan = replace(plan, mode=st.mode)  # compared across modes: name the live one
+        ctx = TickContext(
+            now=self.clock(),
+            model=model,
+            version=st.version,
+            plan=plan,
+            observation=self.observe(model),
+            cores=len(self.cores),
+            profile_path=profile if profile.exists() else None,
+            swap_in_progress=self.running_swap is not None,
+            profiles=profiles,
+        )
+        new_plan, all_state[model] = self.policy(ctx, all_state.get(model, {}))
+        self._save_policy_state(all_state)
+        if new_plan is None:
+            return False
+        try:
+            self.start_swap(model, new_plan)
+        except BusyError:
+            return False  # the next tick decides again
+        return True
+
+    def _guarded(self, where: str, fn: Callable[[], Any]) -> Any:
+        """Run one part of a tick; an exception is logged and counted, never raised."""
+        try:
+            return fn()
+        except Exception:
+            self.metrics.tick_errors.inc()
+            log.exception("controller tick failed (%s); continuing", where)
+            return None
 
     def run(self, stop: threading.Event) -> None:
-        """Tick until `stop` is set (the REST server runs beside it in another thread)."""
+        """Tick until `stop` is set (the REST server runs beside it in another thread).
+
+        Nothing a tick raises ends the loop: it is logged and counted in
+        packrat_controller_tick_errors_total.
+        """
         while not stop.wait(self.settings.tick_s):
-            try:
-                self.tick()
-            except PackratError:
-                continue  # TorchServe busy or restarting: try again next tick
-
-
+            self._guarded("tick", self.tick)

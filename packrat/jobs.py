@@ -1,18 +1,21 @@
-"""Background jobs the controller runs for the REST API (today: profiling).
+"""Background jobs the controller runs for the REST API (profiling, tuning).
 
 A job runs in a daemon thread; its state moves queued -> running -> done | failed
 and its result (or the error, with a short traceback) stays readable by id
-until the controller exits. One job of a kind at a time: two profiling runs
-on the same cores would measure each other.
+until the controller exits; a running job may publish `progress`. One job of
+a kind at a time (or, with per_model, one per model). Jobs given the same
+`Turns` run one after another in the order they were started, waiting as
+"queued": two profiling runs on the same cores would measure each other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,30 @@ class Job:
     finished: float | None = None
     result: dict[str, Any] | None = None
     error: str | None = None
+    progress: dict[str, Any] | None = None  # what a running job is doing (e.g. a tune's stage)
+
+
+class Turns:
+    """First come, first served: one holder at a time, in the order turns were asked for."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = 0
+        self._serving = 0
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        with self._cond:
+            ticket = self._next
+            self._next += 1
+            while self._serving != ticket:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._serving += 1
+                self._cond.notify_all()
 
 
 class Jobs:
@@ -43,24 +70,37 @@ class Jobs:
         with self._lock:
             return self._jobs.get(job_id)
 
-    def start(self, kind: str, model: str, work: Callable[[], dict[str, Any]]) -> Job:
-        """Run `work` in the background; BusyError while a job of this kind is unfinished."""
+    def unfinished(self, kind: str, model: str | None = None) -> Job | None:
+        """The queued or running job of `kind` (for `model`, if given), if any."""
+        with self._lock:
+            for j in self._jobs.values():
+                if j.kind == kind and j.state in ("queued", "running") and model in (None, j.model):
+                    return j
+        return None
+
+    def start(self, kind: str, model: str, work: Callable[..., dict[str, Any]], *,
+              per_model: bool = False, turns: Turns | None = None, with_job: bool = False) -> Job:
+        """Run `work` in the background; BusyError while a job of this kind (per_model: of
+        this kind for this model) is unfinished. `turns`: wait for its turn first (state
+        queued). `with_job`: call work(job), so it can publish job.progress."""
         job = Job(id=uuid.uuid4().hex[:12], kind=kind, model=model, state="queued", created=time.time())
         with self._lock:
-            if any(j.kind == kind and j.state in ("queued", "running") for j in self._jobs.values()):
-                raise BusyError(f"a {kind} job is already running")
+            if any(j.kind == kind and j.state in ("queued", "running") and (not per_model or j.model == model)
+                   for j in self._jobs.values()):
+                raise BusyError(f"a {kind} job{f' for {model}' if per_model else ''} is already running")
             self._jobs[job.id] = job
 
         def run() -> None:
-            job.state = "running"
-            try:
-                job.result = work()
-                job.state = "done"
-            except Exception as exc:  # reported through the job, not swallowed
-                job.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
-                job.state = "failed"
-            finally:
-                job.finished = time.time()
+            with turns.turn() if turns is not None else contextlib.nullcontext():
+                job.state = "running"
+                try:
+                    job.result = work(job) if with_job else work()
+                    job.state = "done"
+                except Exception as exc:  # reported through the job, not swallowed
+                    job.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+                    job.state = "failed"
+                finally:
+                    job.finished = time.time()
 
         threading.Thread(target=run, name=f"{kind}-{job.id}", daemon=True).start()
         return job

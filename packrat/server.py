@@ -10,6 +10,12 @@ a test run), so everything an instance writes is kept inside its own workdir:
 - Workers talk to the frontend over unix sockets `<java.io.tmpdir>/.ts.sock.<port>`
   with ports from 9000 up; TEMP (-> java.io.tmpdir) is per instance too.
 - `key_file.json` and `logs/` land in the frontend's working directory = workdir.
+- Slot locks and worker status files (packrat.slots) go to PACKRAT_SLOT_DIR.
+  By default that is the machine-wide `$TMPDIR/packrat-slots`, where a
+  controller started separately (`make run`) finds them by the same rule;
+  `slot_dir=` gives a server its own directory (tests: one per server, inside
+  its workdir, removed by stop()). A controller of such a server must read
+  that directory: run it with PACKRAT_SLOT_DIR=server.slot_dir.
 - gRPC is always started (no switch in 0.12): its two ports are chosen free too.
 
 The launcher runs `torchserve --foreground` as a child in a new session, so the
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -113,6 +120,11 @@ def render_properties(
         "grpc_management_port": str(ports.grpc_management),
         "model_store": str(Path(model_store).resolve()),
     }
+    # The template's plugins_path (the Packrat endpoint plugin) is relative to the
+    # template's directory; the frontend runs in its workdir, so pass it absolute.
+    plugins = read_properties(template).get("plugins_path")
+    if plugins and not Path(plugins).is_absolute():
+        overrides["plugins_path"] = str(Path(template).resolve().parent / plugins)
     for k, v in (extra or {}).items():
         overrides[k] = str(v)
     out, seen = [], set()
@@ -137,6 +149,8 @@ class RunningServer:
     pid: int  # the launcher's pid; it leads the process group
     ports: Ports
     config_path: Path
+    # The workers' PACKRAT_SLOT_DIR (slot locks, status files); None: not recorded.
+    slot_dir: Path | None = None
     _proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -218,6 +232,7 @@ class RunningServer:
             "pid": self.pid,
             "ports": asdict(self.ports),
             "config_path": str(self.config_path),
+            "slot_dir": None if self.slot_dir is None else str(self.slot_dir),
         }
         (self.workdir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
@@ -231,6 +246,7 @@ class RunningServer:
             pid=int(state["pid"]),
             ports=Ports(**state["ports"]),
             config_path=Path(state["config_path"]),
+            slot_dir=Path(state["slot_dir"]) if state.get("slot_dir") else None,
         )
 
     def stop(self, timeout_s: float = 60.0) -> None:
@@ -261,6 +277,10 @@ class RunningServer:
             except subprocess.TimeoutExpired:
                 pass
         (self.workdir / STATE_FILE).unlink(missing_ok=True)
+        # A private slot dir (inside the workdir) dies with its server: stale locks
+        # and status files of dead workers must not meet the next server there.
+        if self.slot_dir is not None and self.slot_dir.is_relative_to(self.workdir):
+            shutil.rmtree(self.slot_dir, ignore_errors=True)
 
     def __enter__(self) -> "RunningServer":
         return self
@@ -325,11 +345,14 @@ def start_torchserve(
     models: list[str] | None = None,
     timeout_s: float = DEFAULT_START_TIMEOUT_S,
     env: dict[str, str] | None = None,
+    slot_dir: Path | str | None = None,
 ) -> RunningServer:
     """Start TorchServe, wait until /ping is healthy, return the running server.
 
     `ports` defaults to free loopback ports; pass Ports.fixed_from(...) to keep
     the template's. `models` is passed as `--models` (names in the model store).
+    `slot_dir` is the workers' PACKRAT_SLOT_DIR (None: the environment's, else
+    the machine-wide default); one inside `workdir` is removed by stop().
     On failure the process group is killed and ServerError carries the log tail.
     """
     workdir = Path(workdir).resolve()
@@ -345,10 +368,15 @@ def start_torchserve(
     config_path.write_text(render_properties(config_template, ports, model_store, extra_properties))
 
     child_env = dict(os.environ if env is None else env)
-    # Slot locks must be shared by all servers on the machine, not per instance TMPDIR.
-    child_env.setdefault(
-        "PACKRAT_SLOT_DIR", str(Path(tempfile.gettempdir()) / "packrat-slots")
-    )
+    if slot_dir is not None:
+        # Created by the first worker (packrat.slots sets its permissions).
+        child_env["PACKRAT_SLOT_DIR"] = str(Path(slot_dir).resolve())
+    else:
+        # Not the per-instance TMPDIR below: a controller started on its own must
+        # find the same directory by the same rule (packrat.slots.slot_root()).
+        child_env.setdefault(
+            "PACKRAT_SLOT_DIR", str(Path(tempfile.gettempdir()) / "packrat-slots")
+        )
     child_env["TMPDIR"] = str(tmp)  # launcher pid file
     child_env["TEMP"] = str(tmp)  # -> -Djava.io.tmpdir: worker unix sockets
     child_env.pop("TS_CONFIG_FILE", None)  # would override --ts-config
@@ -385,6 +413,7 @@ def start_torchserve(
         pid=proc.pid,
         ports=ports,
         config_path=config_path,
+        slot_dir=Path(child_env["PACKRAT_SLOT_DIR"]),
         _proc=proc,
     )
     server.save()

@@ -32,13 +32,25 @@ batches it has started and finished. The controller reads it for two things
 TorchServe's API does not tell: that a worker is pinned as planned, and
 whether it still has a batch in flight (TorchServe 0.12 reports only
 READY/UNLOADING per worker).
+
+The slot dir ($PACKRAT_SLOT_DIR, default `$TMPDIR/packrat-slots`) decides where
+a worker pins itself and what the controller believes about in-flight batches,
+so nobody else may write into it: writers create it 0700, tighten an existing
+one of theirs that others could only read, and refuse one that is a symlink,
+another user's, or writable by others. Every file in it is opened with
+O_NOFOLLOW, and a status file not owned by this user is ignored. The
+controller therefore runs as the user TorchServe's workers run as (it reads
+their status files).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import stat
+import sys
 import tempfile
 import time
 from collections.abc import Iterable
@@ -165,6 +177,48 @@ def slot_root() -> Path:
     return Path(os.environ.get("PACKRAT_SLOT_DIR", Path(tempfile.gettempdir()) / "packrat-slots"))
 
 
+def secure_dir(path: Path) -> Path:
+    """Create `path` 0700, or accept it if it is already a private directory of this user.
+
+    An existing directory of ours that others may read but not write is
+    tightened to 0700. ConfigError for a symlink, a non-directory, another
+    user's directory, or one that others may write into (they could plant
+    lock files or status records, or symlinks where ours go).
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"cannot create the slot directory {path}: {exc}") from exc
+    st = os.lstat(path)
+    why = None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        why = "is not a directory (a symlink?)"
+    elif st.st_uid != os.getuid():
+        why = f"belongs to uid {st.st_uid}, not to this user (uid {os.getuid()})"
+    elif st.st_mode & 0o022:
+        why = f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    if why:
+        raise ConfigError(
+            f"slot directory {path} {why}; remove it or set PACKRAT_SLOT_DIR to a private directory"
+        )
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def _open_private(path: Path, flags: int) -> int:
+    """os.open without following a symlink at `path`, files created 0600."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"{path} is a symlink; refusing to follow it") from exc
+        raise
+
+
 def slot_lock_dir(plan_id: str) -> Path:
     return slot_root() / plan_id
 
@@ -197,11 +251,11 @@ def claim_slot(packrat_cfg: dict[str, Any]) -> SlotClaim:
     if not plan_id:
         raise ConfigError("packrat.plan_id is missing from model_config.yaml")
     slots = parse_slots(packrat_cfg)
-    lock_dir = slot_lock_dir(plan_id)
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    secure_dir(slot_root())
+    lock_dir = secure_dir(slot_lock_dir(plan_id))
     for index, (cores, threads) in enumerate(slots):
         path = lock_dir / f"slot-{index}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_private(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -224,7 +278,8 @@ class _WorkerStatus:
     def __init__(self, claim: SlotClaim | None) -> None:
         self.claim = claim
         self.path = worker_status_path(os.getpid())
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        secure_dir(slot_root())
+        secure_dir(self.path.parent)
         self.started = 0
         self.done = 0
         # Observed once, right after pinning: reading every thread's /proc entry
@@ -253,7 +308,9 @@ class _WorkerStatus:
         }
         # Write-then-rename so a reader never sees half a record.
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
+        fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(record))
         os.replace(tmp, self.path)
 
     def batch_started(self) -> None:
@@ -264,17 +321,32 @@ class _WorkerStatus:
         self.done += 1
         self.write(busy=False)
 
+    @property
+    def in_flight(self) -> bool:
+        return self.started > self.done
+
 
 _status: _WorkerStatus | None = None
 
 
 def read_worker_status(pid: int) -> dict[str, Any] | None:
-    """The status record of worker `pid`, or None if it has none (yet)."""
+    """The status record of worker `pid`, or None if it has none (yet).
+
+    Only a regular file of this user counts (opened without following a symlink).
+    """
     try:
-        record = json.loads(worker_status_path(pid).read_text())
+        fd = os.open(worker_status_path(pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                return None
+            record = json.loads(f.read(1_000_000))
     except (OSError, ValueError):
         return None
-    return record if record.get("pid") == pid else None
+    return record if isinstance(record, dict) and record.get("pid") == pid else None
 
 
 def _track_batches() -> None:
@@ -292,6 +364,22 @@ def _track_batches() -> None:
     original = Service.predict
     if getattr(original, "_packrat_tracked", False):
         return
+    # The worker's loop (ts/model_service_worker.py, run as __main__) sends a
+    # batch's answer after predict returns, then asks for the next message. A
+    # worker stopped or killed in between still owes the frontend its answer,
+    # so the batch counts as done when the loop asks for the next message.
+    main = sys.modules.get("__main__")
+    receive = getattr(main, "retrieve_msg", None)
+    done_on_next_receive = callable(receive)
+    if done_on_next_receive:
+
+        def retrieve_msg(conn: Any) -> Any:
+            status = _status
+            if status is not None and status.in_flight:
+                status.batch_done()
+            return receive(conn)
+
+        main.retrieve_msg = retrieve_msg  # type: ignore[union-attr]
 
     def predict(self: Any, batch: Any) -> Any:
         status = _status
@@ -300,7 +388,7 @@ def _track_batches() -> None:
         try:
             return original(self, batch)
         finally:
-            if status is not None:
+            if status is not None and not done_on_next_receive:
                 status.batch_done()
 
     predict._packrat_tracked = True  # type: ignore[attr-defined]

@@ -85,6 +85,9 @@ class Plan:
     instances: tuple[Instance, ...]
     predicted_latency_ms: float
     fat_latency_ms: float | None = None
+    # Execution mode "<precision>-<runtime>" the workers run (docs/modes.md);
+    # None: whatever the base archive's model_config.yaml says.
+    mode: str | None = None
 
     @property
     def expected_speedup(self) -> float | None:
@@ -108,8 +111,9 @@ class Plan:
         return tuple(sorted(((i.threads, i.batch) for i in self.instances), reverse=True))
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan's one wire format; the derived keys are for readers and ignored on read."""
-        return {
+        """The plan's one wire format; the derived keys are for readers and ignored on read.
+        `mode` is written only when the plan sets one (older readers see the same keys)."""
+        out: dict[str, Any] = {
             "cores": self.cores,
             "batch": self.batch,
             "predicted_latency_ms": self.predicted_latency_ms,
@@ -122,6 +126,9 @@ class Plan:
                 for i in sorted(self.instances, key=lambda i: (i.threads, i.batch), reverse=True)
             ],
         }
+        if self.mode is not None:
+            out["mode"] = self.mode
+        return out
 
     @classmethod
     def from_dict(cls, d: Any) -> Plan:
@@ -137,6 +144,7 @@ class Plan:
                 # 0: not predicted (an explicit plan applied without a profile)
                 predicted_latency_ms=float(d.get("predicted_latency_ms") or 0.0),
                 fat_latency_ms=None if d.get("fat_latency_ms") is None else float(d["fat_latency_ms"]),
+                mode=None if d.get("mode") is None else str(d["mode"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed plan record: {d!r}") from exc
@@ -156,6 +164,7 @@ class SwapRecord:
     phases_s: tuple[tuple[str, float], ...] = ()  # (phase, seconds) in the order they ran
     error: str | None = None
     warnings: tuple[str, ...] = ()
+    phase: str | None = None  # while running: the phase under way (packrat.apply.swap.Swapper.apply)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -189,6 +198,10 @@ class TickContext:
     cores: int
     profile_path: Path | None
     swap_in_progress: bool = False  # a swap (e.g. one started over REST) is running
+    # Per-mode profiles whose archive hash and fingerprint were checked this tick
+    # (packrat.profile.library); when given, `plan` carries its live mode and the
+    # policy chooses across (mode, shape). Empty: plan from `profile_path` alone.
+    profiles: tuple[Profile, ...] = ()
 
 
 class Policy(Protocol):

@@ -330,7 +330,7 @@ def render_md(tr: dict, rows: list[dict], stem: str) -> str:
         "(commit 71a7764); this trace was taken with that change.",
         "",
         "The integration test `tests/test_observe_adapt.py` runs the same 1 → 8 → 2 steps and "
-        "asserts at most one swap per step, convergence within 55 s and no failed request.",
+        "asserts at most one swap per step, convergence before each step ends (65 s) and no failed request.",
         "",
     ]
     return "\n".join(lines)

@@ -5,7 +5,8 @@ if ! command -v java >/dev/null 2>&1; then
   cat >&2 <<'MSG'
 error: Java not found. TorchServe 0.12 needs Java 17.
   Debian/Ubuntu:  sudo apt-get install -y openjdk-17-jdk-headless
-  Fedora/RHEL:    sudo dnf install -y java-17-openjdk-headless
+  Fedora/RHEL:    sudo dnf install -y java-17-openjdk-devel
+  (a JDK: its javac builds the /packrat plugin for the management port)
   Then run the command again.
 MSG
   exit 1

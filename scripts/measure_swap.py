@@ -152,14 +152,14 @@ def main() -> int:
 
     print(f"\nModel `{args.model}`, {args.clients} closed-loop clients, {result['machine']['cpu']}, "
           f"{result['when']}\n")
-    print("| swap | to | duration s | workers start (register + READY and pinned) s | drain s | unregister s |")
+    print("| swap | to | duration s | workers start (register + READY and pinned) s | drain s | retire s |")
     print("|---|---|---|---|---|---|")
     for i, r in enumerate(records, 1):
         p = r["phases_s"]
         shape = " + ".join(f"{x['threads']}t" for x in r["plan"]["instances"])
         start = p.get("register", 0) + p.get("ready", 0)
         print(f"| {i} | {shape} | {r['duration_s']:.1f} | {start:.1f} | {p.get('drain', 0):.2f} "
-              f"| {p.get('unregister', 0):.2f} |")
+              f"| {p.get('retire', p.get('unregister', 0)):.2f} |")
     print("\n| window | requests | failed | p50 ms | p99 ms | max ms |")
     print("|---|---|---|---|---|---|")
     for label, s in [("steady 1x(2 threads)", steady["1x2"]), ("steady 2x(1 thread)", steady["2x1"]),

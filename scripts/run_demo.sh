@@ -47,7 +47,11 @@ TOKEN=$("$PACKRAT" torchserve keys inference --workdir "$WORKDIR")
 MTOKEN=$("$PACKRAT" torchserve keys management --workdir "$WORKDIR")
 
 # The Packrat controller beside it: live plan swaps, REST API on 127.0.0.1:8085
-# (management token), see docs/live-plans.md. `make stop` stops it too.
+# and, through the plugin, on TorchServe's management port (management token),
+# see docs/live-plans.md. `make stop` stops it too.
+# It starts tuning every model at once, in the background (docs/tuning.md):
+# each model's execution modes are guarded and profiled, and the fastest
+# (mode, shape) is swapped in live. The models answer throughout.
 if [ -f .packrat/controller.pid ] && kill -0 "$(cat .packrat/controller.pid)" 2>/dev/null; then
   echo "controller already running (pid $(cat .packrat/controller.pid))"
 else
@@ -56,6 +60,25 @@ else
     --key-file "$WORKDIR/key_file.json" --model-store "$STORE" --state-dir .packrat \
     > .packrat/controller.log 2>&1 &
   echo $! > .packrat/controller.pid
+fi
+# Packrat's API on TorchServe's management port: the endpoint plugin forwards
+# /packrat/... to the controller (docs/live-plans.md; JSON bodies go in the
+# X-Packrat-Body header there). Without javac it was not built: the controller's port then.
+A="Authorization: Bearer $MTOKEN"
+if [ -f plugin/build/packrat-plugin.jar ]; then
+  PACKRAT_CURLS=(
+    "curl -H \"$A\" $MGMT/packrat/models/minilm/status"
+    "curl -H \"$A\" -X POST -H 'X-Packrat-Body: {\"instances\": [{\"threads\": 1, \"batch\": 2}, {\"threads\": 1, \"batch\": 2}]}' $MGMT/packrat/models/minilm/apply"
+  )
+  TUNE_CURL="curl -H \"$A\" $MGMT/packrat/models/bert-base/tune"
+  OTHER_PORT="The same API on the controller's own port (sidecar/Kubernetes use): http://127.0.0.1:8085/v1/..."
+else
+  PACKRAT_CURLS=(
+    "curl -H \"$A\" http://127.0.0.1:8085/v1/models/minilm/status"
+    "curl -H \"$A\" -H \"Content-Type: application/json\" -d '{\"instances\": [{\"threads\": 1, \"batch\": 2}, {\"threads\": 1, \"batch\": 2}]}' http://127.0.0.1:8085/v1/models/minilm/apply"
+  )
+  TUNE_CURL="curl -H \"$A\" http://127.0.0.1:8085/v1/models/bert-base/tune"
+  OTHER_PORT="(No javac: the plugin for $MGMT/packrat/... was not built; install a JDK and run make setup.)"
 fi
 cat <<MSG
 
@@ -67,8 +90,13 @@ curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" --dat
 curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: image/jpeg" --data-binary @.packrat/demo.jpg $INF/predictions/resnet50
 curl -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/octet-stream" --data-binary "ping" $INF/predictions/noop
 curl -H "Authorization: Bearer $MTOKEN" $MGMT/models
-curl -H "Authorization: Bearer $MTOKEN" http://127.0.0.1:8085/v1/models/minilm/status
-curl -H "Authorization: Bearer $MTOKEN" -H "Content-Type: application/json" -d '{"instances": [{"threads": 1, "batch": 2}, {"threads": 1, "batch": 2}]}' http://127.0.0.1:8085/v1/models/minilm/apply
+$(printf '%s\n' "${PACKRAT_CURLS[@]}")
+$OTHER_PORT
+
+Packrat is tuning every model in the background (execution mode x shape; about
+10-20 min for all five on 2 cores, docs/tuning.md; each model swaps to its tuned
+plan as soon as it is done). Follow it with:  .venv/bin/packrat status
+(or $TUNE_CURL)
 
 Keys expire after 60 min: print fresh ones with  .venv/bin/packrat torchserve keys --workdir $WORKDIR
 Stop with:  make stop

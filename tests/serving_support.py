@@ -1,12 +1,21 @@
-"""Helpers for serving tests: register once per server, predict, worker pids."""
+"""Helpers for serving tests: start a server, register once per server, predict, worker pids."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import requests
 
-from packrat.server import RunningServer
+from packrat.server import RunningServer, start_torchserve
+
+
+def start_server(model_store: Path, workdir: Path, **kwargs) -> RunningServer:
+    """start_torchserve with the server's own slot directory (inside `workdir`,
+    removed by stop()): no test server sees another's slot locks or status files.
+    Whatever reads its workers' status files (a Swapper in the test process, a
+    controller subprocess) must use PACKRAT_SLOT_DIR=server.slot_dir."""
+    return start_torchserve(model_store, workdir, slot_dir=Path(workdir) / "slots", **kwargs)
 
 
 def ensure_registered(server: RunningServer, *names: str) -> None:

@@ -5,6 +5,9 @@ token API (with the API key) and the call retried once.
 Statuses a real TorchServe gives on demand (400, 404, 405, 409) are provoked
 on a real one; those it gives only under faults (408, 500, 503, 507) come from
 a loopback HTTP server answering in TorchServe's error format.
+
+The real TorchServe is this module's own: these tests rotate its management
+key and rewrite its key file, which no other module's server should see.
 """
 
 from __future__ import annotations
@@ -21,6 +24,17 @@ import pytest
 from packrat.apply.client import ManagementClient
 from packrat.apply.keys import read_keys
 from packrat.errors import TorchServeError
+from serving_support import start_server
+
+
+@pytest.fixture(scope="module")
+def torchserve(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
+    """This module's own server (shadows the session one)."""
+    server = start_server(tiny_store, tmp_path_factory.mktemp("client-ts"))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.mark.torchserve
@@ -34,14 +48,16 @@ def test_real_torchserve_errors_are_translated(torchserve) -> None:
         (lambda: c._request("PATCH", "/models"), "PATCH", f"{base}/models", 405),
     ]
     c.register("noop", "noop", 1)
-    cases.append((lambda: c.register("noop", "noop", 1), "POST", f"{base}/models", 409))  # same version twice
-    for call, method, url, status in cases:
-        with pytest.raises(TorchServeError) as info:
-            call()
-        err = info.value
-        assert (err.method, err.url, err.status) == (method, url, status), err
-        assert err.body and "<html" not in err.body.lower()  # TorchServe's message, not a page
-    c.unregister("noop", "1.0")
+    try:
+        cases.append((lambda: c.register("noop", "noop", 1), "POST", f"{base}/models", 409))  # same version twice
+        for call, method, url, status in cases:
+            with pytest.raises(TorchServeError) as info:
+                call()
+            err = info.value
+            assert (err.method, err.url, err.status) == (method, url, status), err
+            assert err.body and "<html" not in err.body.lower()  # TorchServe's message, not a page
+    finally:
+        c.unregister("noop", "1.0")
 
 
 def _rewrite(key_file: Path, data: dict) -> None:

@@ -29,9 +29,11 @@ FLOORS: dict[str, int] = {
     "packrat.cores": 3,  # usable cores: affinity, cgroup cpuset and quota
     "packrat.apply": 4,  # stage 3: the only code that talks to TorchServe's REST API
     "packrat.observe": 4,  # stage 4: counters -> estimated B -> re-plan decision
+    "packrat.tune": 4,  # guard + profile each execution mode, choose (mode, plan): profile + plan, no TorchServe
     "packrat.server": 5,  # starting/stopping a TorchServe process (CLI, bench, tests)
     "packrat.control": 5,  # the controller: state, clock, the loop
     "packrat.api": 6,  # REST: parse -> call the controller -> render
+    "packrat.autotune": 6,  # when the controller (re-)tunes a model by itself
     "packrat.bench": 7,
     "packrat.commands": 8,
     "packrat.cli": 9,

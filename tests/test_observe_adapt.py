@@ -30,9 +30,10 @@ pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 SLEEP_MODEL = Path(__file__).parent / "data" / "observe" / "sleepmodel"
 MODEL = "sleepy"
 # Long enough for: B read (~7-10 s) + held 5 s + a swap (5-25 s: two workers
-# importing torch on a 2-core machine that may be busy), with margin.
+# importing torch on a 2-core machine that may be busy), with margin. The step
+# length is the only time bound here: each level must converge before its step
+# ends. How fast adaptation is goes to docs/adaptation.md (scripts/adapt_trace.py).
 STEPS = [Step(1, 20.0), Step(8, 65.0), Step(2, 65.0)]
-CONVERGE_WITHIN_S = 55.0
 # The contention correction is measured and reported but not used to choose:
 # on this shared machine other sessions' work lands in the observed gap (a run
 # saw it jump to 2x within seconds) and would make the expected plans depend on
@@ -62,8 +63,11 @@ def test_steps_converge_with_one_swap_each(tmp_path: Path) -> None:
         assert reasons and reasons[-1] == "disabled"
         r = requests.put(f"{api}/v1/models/{MODEL}/adapt", json={"enabled": True}, headers=mgmt, timeout=10)
         assert r.json()["enabled"] is True
+        # token required, to switch and to read
         assert requests.put(f"{api}/v1/models/{MODEL}/adapt", json={"enabled": False},
-                            timeout=10).status_code == 401  # token required
+                            timeout=10).status_code == 401
+        assert requests.get(f"{api}/v1/models/{MODEL}/adapt", timeout=10).status_code == 401
+        assert requests.get(f"{api}/v1/models/{MODEL}/adapt", headers=mgmt, timeout=10).json()["enabled"] is True
 
         load = StepLoad(f"{server.inference_url}/predictions/{MODEL}", STEPS,
                         headers=server.inference_headers, clock=time.time).start()
@@ -108,7 +112,6 @@ def test_steps_converge_with_one_swap_each(tmp_path: Path) -> None:
         assert tail >= 3, (level, [(round(d["time_s"] - t0, 1), d["estimated_batch"], d["reason"],
                                     d["target"] and d["target"]["instances"]) for d in in_step[-25:]])
         converged_at = in_step[len(in_step) - tail]["time_s"] - t0
-        assert converged_at <= CONVERGE_WITHIN_S
         running = in_step[-1]
         report.append((level, round(converged_at, 1), len(swaps),
                        swaps[0]["target"]["instances"] if swaps else None,

@@ -87,13 +87,17 @@ def test_dwell_after_a_swap() -> None:
 
 
 def test_disabled_model_never_swaps() -> None:
+    # Each case swaps when enabled (ready, settled estimate; a better plan), so only
+    # the switch can be what stops it.
+    assert decide(STABLE8, ctx(10, est(8), FAT8, 100.0, THIN8))[0].swap
     d, st = decide(STABLE8, ctx(10, est(8), FAT8, 100.0, THIN8, enabled=False))
     assert (d.swap, d.reason) == (False, "disabled")
     assert d.predicted_gain == pytest.approx(0.25)  # still computed and reported
     assert st.swaps == 0
     # even with no plan at all
-    d, _ = decide(PolicyState(), ctx(10, est(8), None, None, THIN8, enabled=False))
-    assert not d.swap
+    assert decide(STABLE8, ctx(10, est(8), None, None, THIN8))[0].reason == "no-active-plan"
+    d, _ = decide(STABLE8, ctx(10, est(8), None, None, THIN8, enabled=False))
+    assert (d.swap, d.reason) == (False, "disabled")
 
 
 def test_never_while_a_swap_runs() -> None:

@@ -54,7 +54,7 @@ def test_plan_latency_at_other_batches() -> None:
     assert plan_latency_at(PROFILE, p2, 8) == 40.0  # ceil(8/2) = 4 rounds · L(1,1)=10
 
 
-def _run(name: str, start_batch: int, settings: PolicySettings):
+def _run(name: str, start_batch: int, settings: PolicySettings, enabled: bool = True):
     """Replay at 1 s ticks; swaps are applied at once (the controller's job).
 
     The toy profile is not the recorded model's (a 1-worker server sleeping
@@ -73,7 +73,7 @@ def _run(name: str, start_batch: int, settings: PolicySettings):
         cands = tuple(uniform_candidates(PROFILE, 2, e.batch))
         ctx = PolicyContext(now_s=d["t"], model="tiny", estimate=e, current=current,
                             current_latency_ms=plan_latency_at(PROFILE, current, e.batch),
-                            candidates=cands, settings=settings)
+                            candidates=cands, settings=settings, enabled=enabled)
         dec, pol_state = decide(pol_state, ctx)
         if dec.swap:
             swaps.append((d["t"], d["clients"], dec.target.batch))
@@ -98,12 +98,10 @@ def test_recorded_spike_no_swap() -> None:
 
 @pytest.mark.parametrize("name", ["steps", "spike", "reset"])
 def test_no_swap_when_disabled(name: str) -> None:
-    swaps, _ = _run(name, 2, PolicySettings(min_dwell_s=0.0, min_stable_s=0.0, gain_threshold=-1.0))
-    assert swaps  # with every guard off something would swap...
-    # ...but the policy honours the switch: enabled=False is checked first
-    current = uniform_candidates(PROFILE, 2, 2)[0]
-    e, _ = estimate(EstimatorState(), observation("", "tiny", 0.0))
-    dec, _ = decide(PolicyState(), PolicyContext(0.0, "tiny", e, current, 10.0,
-                                                 tuple(uniform_candidates(PROFILE, 2, 8)),
-                                                 enabled=False))
-    assert not dec.swap
+    eager = PolicySettings(min_dwell_s=0.0, min_stable_s=0.0, gain_threshold=-1.0)
+    swaps, _ = _run(name, 2, eager)
+    assert swaps  # with every guard off the same replay swaps...
+    # ...and with the switch off, on the same ready estimates, it never does
+    swaps, current = _run(name, 2, eager, enabled=False)
+    assert swaps == []
+    assert same_shape(current, uniform_candidates(PROFILE, 2, 2)[0])

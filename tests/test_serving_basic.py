@@ -1,5 +1,6 @@
 """End to end through a real TorchServe: archives register by directory name,
-token auth is enforced, the handler answers, stop() leaves no process behind."""
+token auth is enforced, the handler answers, stop() leaves no process (and no
+private slot directory) behind."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import requests
 
 from packrat.server import start_torchserve
-from serving_support import ensure_registered
+from serving_support import ensure_registered, start_server
 
 pytestmark = pytest.mark.torchserve
 
@@ -48,9 +49,9 @@ def test_request_without_or_with_wrong_token_is_refused(torchserve) -> None:
 
 
 def test_stop_leaves_no_process_and_two_servers_coexist(tiny_store, tmp_path) -> None:
-    a = start_torchserve(tiny_store, tmp_path / "a")
+    a = start_server(tiny_store, tmp_path / "a")
     try:
-        b = start_torchserve(tiny_store, tmp_path / "b")
+        b = start_server(tiny_store, tmp_path / "b")
         try:
             assert a.ports != b.ports
             for s in (a, b):
@@ -58,16 +59,22 @@ def test_stop_leaves_no_process_and_two_servers_coexist(tiny_store, tmp_path) ->
                 r = requests.post(f"{s.inference_url}/predictions/noop", data=b"x",
                                   headers=s.inference_headers(), timeout=60)
                 assert r.status_code == 200
+                # Each server's worker reports into that server's own slot dir.
+                pid = s.management_client().describe("noop")["workers"][0]["pid"]
+                assert (s.slot_dir / "workers" / f"{pid}.json").exists()
+                assert s.slot_dir.is_relative_to(s.workdir)
             worker_pid = a.management_client().describe("noop")["workers"][0]["pid"]
         finally:
             b.stop()
-        # b's stop did not touch a
+        # b's stop did not touch a, and took b's slot dir with it
         assert requests.get(f"{a.inference_url}/ping", headers=a.inference_headers(),
                             timeout=10).status_code == 200
+        assert not b.slot_dir.exists() and a.slot_dir.exists()
     finally:
         a.stop()
     for pid in (a.pid, worker_pid):
         assert not _alive(pid), f"pid {pid} survived stop()"
+    assert not a.slot_dir.exists()
 
 
 def _alive(pid: int) -> bool:
@@ -92,15 +99,25 @@ def test_start_failure_reports_log_tail(tiny_store, tmp_path) -> None:
 
 def test_worker_claims_its_slot_before_serving(torchserve, tiny_store) -> None:
     """initialize() pins the worker to its slot's cores (packrat.slots in model_config.yaml)."""
+    import shutil
     import uuid
 
     from packrat.archive import ArchiveOptions, build_named
 
     core = max(os.sched_getaffinity(0))
-    slots = {"plan_id": f"test-{uuid.uuid4().hex}", "slots": [{"cores": [core], "threads": 1}]}
-    build_named("noop", tiny_store, "noop-pinned", ArchiveOptions(extra=slots), force=True)
-    pid = torchserve.register("noop-pinned")[0]["pid"]
-    assert os.sched_getaffinity(pid) == {core}
-    r = requests.post(f"{torchserve.inference_url}/predictions/noop-pinned", data=b"x",
-                      headers=torchserve.inference_headers(), timeout=60)
-    assert r.status_code == 200
+    tag = uuid.uuid4().hex[:8]
+    slots = {"plan_id": f"test-{tag}", "slots": [{"cores": [core], "threads": 1}]}
+    # A name of its own in the shared store, removed again: no other test's archive is rebuilt.
+    name = f"noop-pinned-{tag}"
+    build_named("noop", tiny_store, name, ArchiveOptions(extra=slots))
+    try:
+        pid = torchserve.register(name)[0]["pid"]
+        try:
+            assert os.sched_getaffinity(pid) == {core}
+            r = requests.post(f"{torchserve.inference_url}/predictions/{name}", data=b"x",
+                              headers=torchserve.inference_headers(), timeout=60)
+            assert r.status_code == 200
+        finally:
+            torchserve.management_client().unregister(name, "1.0")
+    finally:
+        shutil.rmtree(tiny_store / name, ignore_errors=True)

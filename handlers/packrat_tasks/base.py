@@ -15,11 +15,29 @@ per-item status TorchServe 0.12 sends as that request's HTTP status.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 # HTTP reason phrases for the statuses we use.
 PHRASES = {400: "Bad Request", 413: "Payload Too Large", 415: "Unsupported Media Type"}
+
+# Input limits shared by the tasks (docs/handler.md). Each is a default that an
+# archive overrides under model_config.yaml's `packrat:` section.
+MAX_BODY_BYTES = 1 << 20  # packrat.max_body_bytes: a request body, before it is decoded
+MAX_JSON_DEPTH = 32  # packrat.max_json_depth: our JSON inputs are flat objects (depth 1)
+# packrat.max_text_chars defaults to this many characters per token of max_length,
+# checked before tokenising. English runs at ~4-5 characters a token; the slack
+# covers whitespace and long words, which WordPiece turns into one [UNK] token
+# (so no character count is an exact bound on tokens).
+TEXT_CHARS_PER_TOKEN = 32
+
+# JSON string literals, an unterminated one included (it runs to the end): possessive,
+# so the scan is linear and cannot backtrack on hostile input.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"?', re.DOTALL)
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
 class RequestError(Exception):
@@ -73,13 +91,73 @@ def reject_form(request: dict) -> None:
         )
 
 
-def parse_json_or_text(request: dict) -> Any:
+def check_body_size(raw: bytes, max_bytes: int) -> None:
+    if len(raw) > max_bytes:
+        raise RequestError(413, f"body is {len(raw)} bytes; the limit is {max_bytes}")
+
+
+def declares_json(request: dict) -> bool:
+    return "json" in str(request.get("content_type", "")).lower()
+
+
+def json_depth(raw: bytes) -> int:
+    """Deepest bracket nesting of a JSON text, strings skipped; linear, no recursion."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
+    return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
+
+
+def decoded_depth_exceeds(value: Any, max_depth: int) -> bool:
+    """Whether an already decoded JSON value nests deeper than max_depth (iterative)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > max_depth:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def load_json(raw: bytes, max_depth: int) -> Any:
+    """Parse a JSON body whose size was checked, refusing deep nesting before parsing.
+
+    json.loads recurses once per level and raises RecursionError near Python's
+    limit (1000), which used to fail the whole batch with 503; numbers of more
+    than 4300 digits raise a plain ValueError (int conversion limit).
+    """
+    depth = json_depth(raw)
+    if depth > max_depth:
+        raise RequestError(400, f"JSON nesting depth {depth} exceeds the limit of {max_depth}")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        raise RequestError(400, f"malformed JSON body: {exc}") from None
+
+
+def check_text(text: str, max_chars: int) -> str:
+    """Bound a text by characters before it is tokenised, and refuse what cannot be UTF-8."""
+    if not text.strip():
+        raise RequestError(400, "empty text")
+    if len(text) > max_chars:
+        raise RequestError(413, f"text is {len(text)} characters long; the limit is {max_chars}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a JSON "\ud800" escape; the tokenizer raises TypeError
+        raise RequestError(400, "text contains an unpaired UTF-16 surrogate (invalid \\u escape)") from None
+    return text
+
+
+def parse_json_or_text(request: dict, max_bytes: int = MAX_BODY_BYTES,
+                       max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Decode a text-ish payload to a dict (JSON object) or a str.
 
-    TorchServe already decodes bodies sent as application/json (dict/list/...)
-    and text/* (str); when its decoding failed it passes the raw bytes. Raw
-    bytes that start with "{" are parsed as JSON here, so a client that forgets
-    the content type still gets JSON semantics.
+    Packrat's workers receive every body as raw bytes (packrat_handler turns
+    TorchServe's own decoding off), so size and nesting are checked here before
+    anything is decoded. Raw bytes that start with "{" are parsed as JSON, so a
+    client that forgets the content type still gets JSON semantics. A str or
+    dict (a worker where TorchServe did decode) is accepted too.
     """
     reject_form(request)
     value = request_value(request)
@@ -87,14 +165,11 @@ def parse_json_or_text(request: dict) -> Any:
         raise RequestError(400, "empty request: no body")
     if isinstance(value, (bytes, bytearray)):
         raw = bytes(value)
+        check_body_size(raw, max_bytes)
         if not raw.strip():
             raise RequestError(400, "empty request body")
-        declared_json = "json" in str(request.get("content_type", "")).lower()
-        if declared_json or raw.lstrip().startswith(b"{"):
-            try:
-                value = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise RequestError(400, f"malformed JSON body: {exc}") from None
+        if declares_json(request) or raw.lstrip().startswith(b"{"):
+            value = load_json(raw, max_depth)
         else:
             try:
                 return raw.decode("utf-8")
@@ -105,6 +180,8 @@ def parse_json_or_text(request: dict) -> Any:
             raise RequestError(400, "empty text")
         return value
     if isinstance(value, dict):
+        if decoded_depth_exceeds(value, max_depth):
+            raise RequestError(400, f"JSON nesting depth exceeds the limit of {max_depth}")
         return value
     raise RequestError(
         400, f"expected raw text or a JSON object, got a JSON {type(value).__name__}"
@@ -133,6 +210,9 @@ class Task:
     def __init__(self, model_dir: str, config: dict[str, Any]) -> None:
         self.model_dir = model_dir
         self.config = config  # the archive's model_config.yaml, whole
+        section = config.get("packrat") or {}
+        self.max_body_bytes = int(section.get("max_body_bytes", MAX_BODY_BYTES))
+        self.max_json_depth = int(section.get("max_json_depth", MAX_JSON_DEPTH))
 
     # -- hooks for subclasses ------------------------------------------------
     def parse(self, request: dict) -> Any:

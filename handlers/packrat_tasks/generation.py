@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
-from packrat_tasks.base import Batch, RequestError, Task, get_field, parse_json_or_text
+from packrat_tasks.base import (
+    TEXT_CHARS_PER_TOKEN, Batch, RequestError, Task, check_text, get_field, parse_json_or_text,
+)
 from packrat_tasks.runtime import build_generation
 
 SAMPLE_PROMPT = (
@@ -41,6 +43,7 @@ class TextGenerationTask(Task):
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
         self.max_length = int(section.get("max_length", 128))
+        self.max_text_chars = int(section.get("max_text_chars", TEXT_CHARS_PER_TOKEN * self.max_length))
         self.cap = int(section.get("max_new_tokens_cap", 32))
         self.default_new = min(int(section.get("default_max_new_tokens", 16)), self.cap)
         self.positions = int(getattr(self.model.config, "n_positions", 1024))
@@ -48,16 +51,15 @@ class TextGenerationTask(Task):
         self.runner = build_generation(self, config)
 
     def parse(self, request: dict) -> tuple[list[int], int]:
-        obj = parse_json_or_text(request)
+        obj = parse_json_or_text(request, self.max_body_bytes, self.max_json_depth)
         if isinstance(obj, dict):
             text = get_field(obj, "text", str, required=True)
             new = get_field(obj, "max_new_tokens", int, default=self.default_new)
         else:
             text, new = obj, self.default_new
-        if not text.strip():
-            raise RequestError(400, "empty prompt")
         if not 1 <= new <= self.cap:
             raise RequestError(400, f"max_new_tokens must be between 1 and {self.cap}, got {new}")
+        check_text(text, self.max_text_chars)
         ids = self.tokenizer(text).input_ids
         if len(ids) > self.max_length:
             raise RequestError(

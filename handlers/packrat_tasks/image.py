@@ -5,6 +5,11 @@ Pre-processing with PIL + numpy (torchvision does not import beside this torch):
 RGB, shorter side resized to 256 (bilinear), centre crop 224x224, scaled to
 [0, 1], normalised with the ImageNet mean/std, CHW. Output: the top-k labels
 with softmax probabilities.
+
+Every input is bounded before it costs (docs/handler.md): body and base64 sizes
+before decoding, the format from the header (JPEG/PNG only), then pixels,
+aspect ratio and the size after resizing from the header's width and height,
+all before any pixel is decoded.
 """
 
 from __future__ import annotations
@@ -12,15 +17,18 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import os
+import struct
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from packrat_tasks.base import Batch, RequestError, Task, get_field, reject_form, request_value
+from packrat_tasks.base import (
+    Batch, RequestError, Task, check_body_size, decoded_depth_exceeds, get_field,
+    load_json, reject_form, request_value,
+)
 from packrat_tasks.runtime import build_runner
 from packrat_tasks.samples import sample_jpeg
 
@@ -30,16 +38,46 @@ if TYPE_CHECKING:
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 RESIZE, CROP = 256, 224
-FORMATS = {"JPEG", "PNG"}
+FORMATS = ("JPEG", "PNG")  # the only decoders PIL may run on a request (Image.open(formats=))
+# Formats recognised by their magic bytes only to say "unsupported" (415)
+# without running their decoders.
+OTHER_FORMATS = ((b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"),
+                 (b"MM\x00*", "TIFF"), (b"\x00\x00\x01\x00", "ICO"), (b"8BPS", "PSD"))
+
+# Defaults, each overridable under model_config.yaml's `packrat:` section.
+MAX_IMAGE_BYTES = 10 * 1024 * 1024  # packrat.max_image_bytes: the encoded image
+MAX_IMAGE_PIXELS = 25_000_000  # packrat.max_image_pixels: width x height, read from the header
+# packrat.max_aspect_ratio: the resize scales the shorter side to RESIZE, so the
+# resized image has RESIZE^2 x aspect pixels (a 40000x5 PNG of 661 bytes took 7.7 s).
+MAX_ASPECT_RATIO = 20
+# packrat.max_resized_pixels: bounds the resize's output; with the default aspect
+# limit (at most 256 x 5120) it never binds, it guards archives that raise that limit.
+MAX_RESIZED_PIXELS = 1 << 21
+JSON_ENVELOPE_BYTES = 4096  # a JSON body may exceed the base64 image by this much
+
+
+def base64_length(n_bytes: int) -> int:
+    return 4 * ((n_bytes + 2) // 3)
+
+
+def resized_size(w: int, h: int) -> tuple[int, int]:
+    """The size to_pixels() resizes a w x h image to (shorter side -> RESIZE)."""
+    scale = RESIZE / min(w, h)
+    return max(RESIZE, round(w * scale)), max(RESIZE, round(h * scale))
+
+
+# What PIL may raise on corrupt or hostile data: the four its own open() takes
+# for "not this format" (SyntaxError, IndexError, TypeError, struct.error) and
+# what decoding raises (OSError for truncated data, ValueError, EOFError). A
+# refusal of that request (400), not a model failure of the batch.
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError,
+                 TypeError, Image.DecompressionBombError)
 
 
 def to_pixels(img: Image.Image) -> np.ndarray:
     """PIL image -> float32 CHW array, the standard ImageNet evaluation transform."""
     img = img.convert("RGB")
-    w, h = img.size
-    scale = RESIZE / min(w, h)
-    img = img.resize((max(RESIZE, round(w * scale)), max(RESIZE, round(h * scale))),
-                     Image.Resampling.BILINEAR)
+    img = img.resize(resized_size(*img.size), Image.Resampling.BILINEAR)
     w, h = img.size
     left, top = (w - CROP) // 2, (h - CROP) // 2
     img = img.crop((left, top, left + CROP, top + CROP))
@@ -68,8 +106,16 @@ class ImageClassificationTask(Task):
         self.model = transformers.AutoModelForImageClassification.from_pretrained(path).eval()
         self.labels = self.model.config.id2label
         self.top_k = min(int(section.get("top_k", 5)), len(self.labels))
-        self.max_bytes = int(section.get("max_image_bytes", 10 * 1024 * 1024))
-        self.max_pixels = int(section.get("max_image_pixels", 25_000_000))
+        self.max_bytes = int(section.get("max_image_bytes", MAX_IMAGE_BYTES))
+        self.max_pixels = int(section.get("max_image_pixels", MAX_IMAGE_PIXELS))
+        self.max_aspect = float(section.get("max_aspect_ratio", MAX_ASPECT_RATIO))
+        self.max_resized = int(section.get("max_resized_pixels", MAX_RESIZED_PIXELS))
+        self.max_base64 = base64_length(self.max_bytes)
+        # A JSON body carries the image as base64; the raw body limit follows from it.
+        self.max_body_bytes = int(section.get("max_body_bytes", self.max_base64 + JSON_ENVELOPE_BYTES))
+        # PIL's own decompression-bomb check in Image.open (process-wide: one task
+        # per worker): it refuses more than twice this; parse() refuses above it.
+        Image.MAX_IMAGE_PIXELS = self.max_pixels
         example = (torch.zeros(2, 3, CROP, CROP),)
         self.runner = build_runner(self, _Logits(self.model), example, config, "classification")
 
@@ -77,20 +123,28 @@ class ImageClassificationTask(Task):
         reject_form(request)
         value = request_value(request)
         top_k = self.top_k
-        if isinstance(value, (bytes, bytearray)) and bytes(value[:1]) == b"{":
-            try:
-                value = json.loads(bytes(value).decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise RequestError(400, f"malformed JSON body: {exc}") from None
+        if isinstance(value, (bytes, bytearray)):
+            value = bytes(value)
+            check_body_size(value, self.max_body_bytes)
+            if value.lstrip()[:1] == b"{":  # JPEG and PNG bytes never start so
+                value = load_json(value, self.max_json_depth)
+                if not isinstance(value, dict):
+                    raise RequestError(400, f"expected a JSON object, got a JSON {type(value).__name__}")
         if isinstance(value, dict):
+            if decoded_depth_exceeds(value, self.max_json_depth):
+                raise RequestError(400, f"JSON nesting depth exceeds the limit of {self.max_json_depth}")
             encoded = get_field(value, "image", str, required=True)
             top_k = get_field(value, "top_k", int, default=self.top_k)
             if not 1 <= top_k <= len(self.labels):
                 raise RequestError(400, f"top_k must be between 1 and {len(self.labels)}, got {top_k}")
-            try:
+            if len(encoded) > self.max_base64:
+                raise RequestError(413, f"field 'image' is {len(encoded)} base64 characters; the limit "
+                                        f"is {self.max_base64} ({self.max_bytes} bytes decoded)")
+            try:  # strict: only the base64 alphabet with correct padding, no whitespace
                 value = base64.b64decode(encoded, validate=True)
             except (binascii.Error, ValueError):
-                raise RequestError(400, "field 'image' is not valid base64") from None
+                raise RequestError(400, "field 'image' is not valid base64 (standard alphabet, "
+                                        "padded, no whitespace or data: prefix)") from None
         if value is None or (isinstance(value, (bytes, bytearray, str)) and len(value) == 0):
             raise RequestError(400, "empty request body")
         if not isinstance(value, (bytes, bytearray)):
@@ -102,20 +156,40 @@ class ImageClassificationTask(Task):
         if len(data) > self.max_bytes:
             raise RequestError(413, f"image is {len(data)} bytes; the limit is {self.max_bytes}")
         try:
-            img = Image.open(io.BytesIO(data))  # lazy: reads the header only
+            # Lazy: reads the header only, and runs no decoder but JPEG's and PNG's.
+            img = Image.open(io.BytesIO(data), formats=FORMATS)
         except UnidentifiedImageError:
+            other = next((name for magic, name in OTHER_FORMATS if data.startswith(magic)), None)
+            if other is None and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+                other = "WEBP"
+            if other:
+                raise RequestError(415, f"image format {other} is not supported; send JPEG or PNG") from None
             raise RequestError(400, "body is not a JPEG or PNG image") from None
         except Image.DecompressionBombError:
-            raise RequestError(413, "image has too many pixels") from None
-        if img.format not in FORMATS:
+            raise RequestError(413, f"image has more than twice the limit of {self.max_pixels} pixels") from None
+        except DECODE_ERRORS as exc:
+            raise RequestError(400, f"image header is corrupt: {exc}") from None
+        if img.format not in FORMATS:  # e.g. MPO, which PIL's JPEG opener may return
             raise RequestError(415, f"image format {img.format} is not supported; send JPEG or PNG")
-        w, h = img.size
-        if w * h > self.max_pixels:
-            raise RequestError(413, f"image is {w}x{h} = {w * h} pixels; the limit is {self.max_pixels}")
+        self._check_size(*img.size)
         try:
             return to_pixels(img), top_k
-        except (OSError, ValueError, SyntaxError) as exc:
+        except DECODE_ERRORS as exc:
             raise RequestError(400, f"image data is corrupt: {exc}") from None
+
+    def _check_size(self, w: int, h: int) -> None:
+        """Refuse, from the header's size alone, what would cost too much to decode or resize."""
+        if w < 1 or h < 1:
+            raise RequestError(400, f"image is {w}x{h}: it has no pixels")
+        if w * h > self.max_pixels:
+            raise RequestError(413, f"image is {w}x{h} = {w * h} pixels; the limit is {self.max_pixels}")
+        if max(w, h) / min(w, h) > self.max_aspect:
+            raise RequestError(400, f"image is {w}x{h}: aspect ratio {max(w, h) / min(w, h):.1f}:1 "
+                                    f"exceeds the limit of {self.max_aspect:g}:1")
+        rw, rh = resized_size(w, h)
+        if rw * rh > self.max_resized:
+            raise RequestError(413, f"image is {w}x{h}: resized to {rw}x{rh} = {rw * rh} pixels; "
+                                    f"the limit is {self.max_resized}")
 
     def collate(self, batch: Batch) -> None:
         batch.inputs["pixel_values"] = torch.from_numpy(

@@ -4,7 +4,8 @@ all-MiniLM-L6-v2 does).
 
 Input per request: raw UTF-8 text, or JSON {"text": "..."}. Texts longer than
 `packrat.max_length` tokens (special tokens included) are refused with 413
-rather than silently truncated.
+rather than silently truncated; before tokenising, a text is bounded by
+characters (`packrat.max_text_chars`, default TEXT_CHARS_PER_TOKEN x max_length).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from packrat_tasks.base import Batch, RequestError, Task, get_field, parse_json_or_text
+from packrat_tasks.base import (
+    TEXT_CHARS_PER_TOKEN, Batch, RequestError, Task, check_text, get_field, parse_json_or_text,
+)
 from packrat_tasks.runtime import build_runner, needs_fixed_shapes
 
 if TYPE_CHECKING:
@@ -77,6 +80,7 @@ class _TextTask(Task):
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
         self.model = getattr(transformers, self.auto_class).from_pretrained(path).eval()
         self.max_length = int(section.get("max_length", 128))
+        self.max_text_chars = int(section.get("max_text_chars", TEXT_CHARS_PER_TOKEN * self.max_length))
         # Graph modes specialised to shapes get every batch padded to max_length.
         self.fixed_length = needs_fixed_shapes(config)
         example = self._encode([[self.tokenizer.cls_token_id or 0] * 8] * 2, self.max_length)
@@ -84,10 +88,9 @@ class _TextTask(Task):
         self.runner = build_runner(self, self.adapter(self.model), example, config, self.guard_kind)
 
     def parse(self, request: dict) -> list[int]:
-        obj = parse_json_or_text(request)
+        obj = parse_json_or_text(request, self.max_body_bytes, self.max_json_depth)
         text = get_field(obj, "text", str, required=True) if isinstance(obj, dict) else obj
-        if not text.strip():
-            raise RequestError(400, "empty text")
+        check_text(text, self.max_text_chars)
         ids = self.tokenizer(text, add_special_tokens=True).input_ids
         if len(ids) > self.max_length:
             raise RequestError(

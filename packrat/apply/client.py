@@ -221,9 +221,11 @@ class ManagementClient:
         return self._request("POST", "/models", params, timeout=timeout_s)
 
     def scale(
-        self, model: str, version: str, workers: int, *, timeout_s: float = 300.0
+        self, model: str, version: str, workers: int, *, synchronous: bool = True, timeout_s: float = 300.0
     ) -> Any:
-        params = {"min_worker": workers, "max_worker": workers, "synchronous": "true"}
+        """Set a version's worker count. Synchronous suits scaling down (it returns once the
+        workers are shut down); scale up asynchronously and poll describe() (see register())."""
+        params = {"min_worker": workers, "max_worker": workers, "synchronous": "true" if synchronous else "false"}
         return self._request("PUT", f"/models/{model}/{version}", params, timeout=timeout_s)
 
     def set_default(self, model: str, version: str) -> Any:

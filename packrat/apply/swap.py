@@ -5,15 +5,31 @@
          with the slot's torch thread count (checked in /proc and the worker's status file)
       -> set-default (takes effect for the next request)
       -> drain the old version: its queue is empty and no worker has a batch in flight
-      -> unregister the old version, delete its version dir
+      -> retire the old version (Swapper.retire): scale it to 0 workers synchronously,
+         confirm its queue is empty, unregister it; delete its version dir
 
 Why the drain matters: TorchServe 0.12 answers the in-flight batch of a worker
 it scales down or unregisters with HTTP 500 ("Worker died."), and its describe
 call reports only READY/UNLOADING per worker and `pendingRequests` (queued jobs
 only, not the batch a worker holds). The in-flight signal therefore comes from
-the workers themselves: packrat.slots counts batches started/finished
-per worker pid. For a worker without that file (a handler that does not call
-claim_and_pin) the fallback is its CPU time standing still for a quiet window.
+the workers themselves: packrat.slots counts batches started/finished per
+worker pid (finished = the answer was sent), and the kernel tells the bytes
+sent to each worker that it has not read (unread_bytes). For a worker without
+that file (a handler that does not call claim_and_pin) the fallback is its CPU
+time standing still for a quiet window.
+
+Why unregistering after the drain is not enough (TorchServe 0.12 frontend,
+WorkerThread/BatchAggregator): jobs a worker's frontend thread has already
+taken from the queue are in neither `pendingRequests` nor the batch counters
+(unread_bytes sees them only while they sit unread in the worker's socket,
+not while the frontend collects a batch, nor once the worker has read them
+and not yet entered predict). When a worker is shut down its aggregator
+usually puts such jobs back at the head of its version's queue (a race in
+WorkerThread.shutdown answers them 500 instead). Unregistering removes the
+version first, so they went back into a queue nobody serves and were never
+answered. Scaling the still-registered version to 0 workers puts them back
+where describe counts them: retire() then scales the version up again to
+serve them, drains, and tries again.
 
 Core policy while two versions overlap: the new version gets the deterministic
 layout of assign_cores() over the same usable cores (from core 0), so it
@@ -23,10 +39,13 @@ machine that would mean serving with fewer cores all the time to make swaps
 cheaper. The cost (the overlap lasts register + warm-up + drain) is measured
 by scripts/measure_swap.py and reported in docs/live-plans.md.
 
-Failure before set-default: the new version is unregistered (it had no
-traffic) and its directory removed; the old one never stopped serving.
-Failure after set-default: the old version is made default again, the new one
-drained and unregistered. Either way SwapError says what failed.
+Failure before set-default: the new version is retired (it had no traffic)
+and its directory removed; the old one never stopped serving.
+Failure after set-default: the old version is made default again and the new
+one retired. Either way SwapError says what failed. A version directory is
+deleted only once TorchServe no longer lists the version: a version that
+could not be unregistered keeps its directory (TorchServe restarts its workers
+from it).
 """
 
 from __future__ import annotations
@@ -55,13 +74,19 @@ class SwapSettings:
     drain_timeout_s: float = 120.0
     # An in-flight counter must read the same for this long before we trust it.
     drain_quiet_s: float = 0.5
-    # Keep the old version for at least this long after set-default. A request
-    # that TorchServe routed to the old default just before set-default can be
-    # enqueued later if its Netty thread is preempted between picking the
-    # version and adding the job (ModelManager.addJob); once the version is
-    # unregistered, such a job waits forever. On a loaded 2-core box threads
-    # wait hundreds of ms for a CPU, so this grace is seconds, not microseconds.
+    # Keep the old version's workers for at least this long after set-default.
+    # A request that TorchServe routed to the old default just before
+    # set-default can be enqueued later if its Netty thread is preempted between
+    # picking the version and adding the job (ModelManager.addJob). While the
+    # old version has workers such a job is served; once it is scaled to 0 the
+    # job is refused with 503 (addJob finds no worker), and after unregister it
+    # would be lost. retire() catches the jobs that do reach the queue, not the
+    # 503, so the grace stays. On a loaded 2-core box threads wait hundreds of
+    # ms for a CPU, so it is seconds, not microseconds.
     min_drain_s: float = 2.0
+    # Rounds of scale to 0 -> queue not empty -> scale up, drain before retire() gives up.
+    retire_attempts: int = 3
+    scale_timeout_s: float = 120.0  # a synchronous scale to 0 (kills each worker, waits for it)
     poll_s: float = 0.05
     max_batch_delay_ms: int | None = None  # None: versions.batch_delay_ms(plan)
 
@@ -100,8 +125,95 @@ def proc_cpu_ticks(pid: int) -> int | None:
     return int(rest[11]) + int(rest[12])  # utime + stime
 
 
+def _socket_inodes(pid: int) -> set[int] | None:
+    """Inodes of the sockets process `pid` holds open (from /proc/<pid>/fd)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    out = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            out.add(int(target[8:-1]))
+    return out
+
+
+# Linux sock_diag for AF_UNIX (linux/sock_diag.h, linux/unix_diag.h).
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
+_NLMSG_DONE, _NLMSG_ERROR = 3, 2
+_UDIAG_SHOW_RQLEN = 0x10
+_UNIX_DIAG_RQLEN = 4
+_TCP_LISTEN = 10
+
+
+def unix_receive_queues() -> dict[int, int] | None:
+    """Bytes waiting to be read in every connected AF_UNIX socket of this network
+    namespace, by socket inode (what `ss -x` shows as Recv-Q); None if the kernel
+    will not say."""
+    import socket
+    import struct
+
+    req = struct.pack("=BBHIIIII", socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, _UDIAG_SHOW_RQLEN, 0xFFFFFFFF, 0xFFFFFFFF)
+    msg = struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0) + req
+    out: dict[int, int] = {}
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+            nl.settimeout(2.0)
+            nl.send(msg)
+            while True:
+                data = nl.recv(1 << 16)
+                off = 0
+                while off + 16 <= len(data):
+                    length, kind = struct.unpack_from("=IH", data, off)
+                    if kind == _NLMSG_DONE:
+                        return out
+                    if kind == _NLMSG_ERROR or length < 16:
+                        return None
+                    # unix_diag_msg: family, type, state, pad, ino, cookie[2]; then attributes
+                    _, _, state, _, ino = struct.unpack_from("=BBBBI", data, off + 16)
+                    a = off + 16 + 16
+                    while a + 4 <= off + length:
+                        alen, atype = struct.unpack_from("=HH", data, a)
+                        if alen < 4:
+                            break
+                        if atype == _UNIX_DIAG_RQLEN and state != _TCP_LISTEN:
+                            out[ino] = struct.unpack_from("=I", data, a + 4)[0]
+                        a += (alen + 3) & ~3
+                    off += (length + 3) & ~3
+                if not data:
+                    return out
+    except OSError:
+        return None
+
+
+def unread_bytes(pid: int, queues: dict[int, int] | None = None) -> int | None:
+    """Bytes sent to process `pid` over its sockets that it has not read yet.
+
+    A TorchServe Python worker reads each batch from its socket to the frontend;
+    while it has not (a worker starved of CPU, or stopped), the batch is in
+    neither the queue TorchServe reports nor the worker's own counters, but it
+    is here. None when it cannot be read (the process is gone, or no sock_diag).
+    """
+    inodes = _socket_inodes(pid)
+    queues = unix_receive_queues() if queues is None else queues
+    if inodes is None or queues is None:
+        return None
+    return sum(queues.get(i, 0) for i in inodes)
+
+
 def worker_pids(described: dict[str, Any]) -> list[int]:
     return [int(w["pid"]) for w in described.get("workers", []) if int(w.get("pid", -1)) > 0]
+
+
+def pending_requests(described: dict[str, Any]) -> int:
+    """Jobs in a version's queue (TorchServe counts only its default data queue)."""
+    return int((described.get("jobQueueStatus") or {}).get("pendingRequests", 0))
 
 
 @dataclass(frozen=True)
@@ -196,8 +308,14 @@ class Swapper:
         vdir = versions.load_version(path) if (path / versions.MANIFEST).exists() else None
         return vdir.base if vdir else url
 
-    def apply(self, model: str, plan: Plan) -> SwapRecord:
-        """Make `plan` the live shape of `model`. Returns the record; raises SwapError on failure."""
+    def apply(
+        self, model: str, plan: Plan, on_phase: Callable[[SwapRecord], None] | None = None
+    ) -> SwapRecord:
+        """Make `plan` the live shape of `model`. Returns the record; raises SwapError on failure.
+
+        `on_phase(record)` is called as each phase begins, with `record.phase` naming it
+        (create, register, ready, set_default, drain, retire) and the phases done so far.
+        """
         s = self.settings
         versions.validate_plan(plan, len(self.cores))  # ConfigError: nothing touched yet
         old_version, old_url = self.current(model)
@@ -207,17 +325,26 @@ class Swapper:
         warnings: list[str] = []
         t0 = self.clock()
         mark = t0
+        order = ("create", "register", "ready", "set_default", "drain", "retire")
+
+        def begin(name: str) -> None:
+            if on_phase is not None:
+                on_phase(replace(record, phase=name, phases_s=tuple(phases)))
 
         def phase(name: str) -> None:
             nonlocal mark
             now = self.clock()
             phases.append((name, round(now - mark, 3)))
             mark = now
+            nxt = order.index(name) + 1
+            if nxt < len(order):
+                begin(order[nxt])
 
         def finish(outcome: str, error: str | None = None) -> SwapRecord:
             return replace(record, outcome=outcome, error=error, phases_s=tuple(phases),
                            warnings=tuple(warnings), duration_s=round(self.clock() - t0, 3))
 
+        begin("create")
         vdir = versions.create_version(
             self.model_store,
             self.base_of(old_url),
@@ -237,7 +364,7 @@ class Swapper:
             self.client.set_default(model, vdir.version)
             defaulted = True
             phase("set_default")
-            self.drain(model, old_version)
+            self.drain(model, old_version, min_s=s.min_drain_s)
             phase("drain")
         except (TorchServeError, SwapError, ConfigError) as exc:
             outcome = self._rollback(model, old_version, vdir, defaulted, warnings)
@@ -249,13 +376,16 @@ class Swapper:
             ) from exc
         # Past the point of no return: the new version serves. Clean-up failures are warnings.
         try:
-            old_pids = worker_pids(self.client.describe(model, old_version))
-            self.client.unregister(model, old_version)
-            _forget_worker_status(old_pids)
-        except TorchServeError as exc:
-            warnings.append(f"old version {old_version} not unregistered: {exc}")
-        phase("unregister")
-        self.retire_dir(old_url)
+            returned = self.retire(model, old_version, drain_first=False)
+            if returned:
+                warnings.append(f"{returned} job(s) came back from {old_version}'s workers and were served again")
+        except (TorchServeError, SwapError) as exc:
+            warnings.append(f"old version {old_version} not retired: {exc}")
+        phase("retire")
+        if self._registered(model, old_version) is False:
+            self.retire_dir(old_url)
+        else:
+            warnings.append(f"old version {old_version} still registered; {old_url} kept")
         return finish("applied")
 
     # -- phases ------------------------------------------------------------------
@@ -289,8 +419,14 @@ class Swapper:
             f"{self.settings.ready_timeout_s:.0f}s: {[(c.pid, c.why) for c in last]}"
         )
 
-    def drain(self, model: str, version: str) -> None:
-        """Return once `version` has an empty queue and no batch in flight, stably."""
+    def drain(self, model: str, version: str, min_s: float = 0.0, *, expect_jobs: int = 0,
+              fresh_workers: bool = False) -> None:
+        """Return once `version` has an empty queue and no batch in flight, stably,
+        and not before `min_s` (the grace after set-default, SwapSettings.min_drain_s).
+
+        `expect_jobs`: jobs known to be in its queue before the first poll (retire()
+        after jobs came back); `fresh_workers`: its workers started after those
+        jobs were queued, so every batch they started counts."""
         s = self.settings
         began = self.clock()
         deadline = began + s.drain_timeout_s
@@ -299,15 +435,40 @@ class Swapper:
         quiet_needed = s.drain_quiet_s
         quiet_since: float | None = None
         last_snapshot: Any = None
+        # Jobs seen queued must have been taken into batches that a worker *started*
+        # before the version counts as drained: between the frontend taking a job and
+        # the Python worker entering predict (a worker starved of CPU: seconds), the
+        # queue is empty and every counter says idle. Batches started since the drain
+        # began, per pid (a worker that appears later counts from its start).
+        seen_jobs = expect_jobs
+        first_started: dict[int, int] = {}
+        last_started: dict[int, int] = {}
+        first_poll = not fresh_workers
         while self.clock() < deadline:
             d = self.client.describe(model, version)
             quiet_needed = max(s.drain_quiet_s, 2 * int(d.get("maxBatchDelay", 0)) / 1000.0)
-            pending = int((d.get("jobQueueStatus") or {}).get("pendingRequests", 0))
             snapshot = self._in_flight_snapshot(d)
-            idle = pending == 0 and snapshot is not None and all(x[1] for x in snapshot)
+            if first_poll:
+                # The baseline counters are read after this describe: jobs it counted as
+                # queued may have started in between. Count the queue again, after them.
+                d = self.client.describe(model, version)
+            pending = pending_requests(d)
+            seen_jobs = max(seen_jobs, pending)
+            counted = True  # every READY worker keeps a status file
+            for key, _ in snapshot or ():
+                if len(key) == 3:
+                    pid, started = key[0], key[1]
+                    first_started.setdefault(pid, started if first_poll else 0)
+                    last_started[pid] = max(last_started.get(pid, 0), started)
+                else:
+                    counted = False
+            first_poll = False
+            batches = sum(last_started[p] - first_started[p] for p in last_started)
+            covered = not counted or batches * max(1, int(d.get("batchSize", 1))) >= seen_jobs
+            idle = pending == 0 and covered and snapshot is not None and all(x[1] for x in snapshot)
             now = self.clock()
             if idle and snapshot == last_snapshot:
-                if quiet_since is not None and now - quiet_since >= quiet_needed and now - began >= s.min_drain_s:
+                if quiet_since is not None and now - quiet_since >= quiet_needed and now - began >= min_s:
                     return
             else:
                 quiet_since = now if idle else None
@@ -317,44 +478,128 @@ class Swapper:
 
     @staticmethod
     def _in_flight_snapshot(described: dict[str, Any]) -> tuple[tuple[Any, bool], ...] | None:
-        """Per worker: (a counter that moves with every batch, idle?)."""
+        """Per READY worker: (a counter that moves with every batch, idle?).
+
+        Only READY workers: TorchServe hands batches only to a worker whose model
+        is loaded, and a worker still loading (e.g. left by a killed swap) burns
+        CPU without holding a job.
+        """
         out = []
-        for pid in worker_pids(described):
+        ready = {"workers": [w for w in described.get("workers", []) if w.get("status") == "READY"]}
+        queues = unix_receive_queues()
+        for pid in worker_pids(ready):
             status = slots.read_worker_status(pid)
             if status is not None:
                 started, done = int(status["started"]), int(status["done"])
-                out.append(((pid, started, done), started == done and not status.get("busy")))
+                # A batch still unread in the worker's socket is in flight too.
+                unread = unread_bytes(pid, queues) or 0
+                out.append(((pid, started, done), started == done and not status.get("busy") and unread == 0))
             else:
                 ticks = proc_cpu_ticks(pid)
                 if ticks is None:
                     continue  # process gone
-                # Fallback: idle means the CPU time stands still across the quiet window.
-                out.append(((pid, ticks), True))
+                # Fallback: idle means the CPU time stands still across the quiet window
+                # (and nothing waits unread in its socket).
+                out.append(((pid, ticks), not unread_bytes(pid, queues)))
         return tuple(out)
+
+    # -- retiring a version ------------------------------------------------------------
+
+    def retire(self, model: str, version: str, *, drain_first: bool = True, min_drain_s: float = 0.0) -> int:
+        """Take `version` out of service without dropping a job it accepted, and unregister it.
+
+        Each round: drain (queue empty, no batch counted in flight), scale to 0
+        workers synchronously (a worker's held jobs go back into the queue), then
+        describe: an empty queue -> unregister; jobs back in the queue -> scale up
+        again to serve them and start the next round. `drain_first=False` skips
+        the first drain (the caller just drained, or the version never had
+        traffic). Returns how many jobs came back and were served again; raises
+        SwapError after SwapSettings.retire_attempts rounds (the version then
+        stays registered with workers, serving whatever it holds).
+        """
+        s = self.settings
+        returned = 0
+        workers = 0
+        came_back = 0
+        for attempt in range(s.retire_attempts):
+            d = self.client.describe(model, version)
+            if d.get("workers"):
+                workers = max(workers, len(d["workers"]))
+                if attempt > 0:
+                    # The workers were started to serve the jobs that came back: wait until
+                    # they have taken them into batches they started, not just off the queue.
+                    self.drain(model, version, expect_jobs=came_back, fresh_workers=True)
+                elif drain_first:
+                    self.drain(model, version, min_s=min_drain_s)
+                pids = worker_pids(self.client.describe(model, version))
+                self.client.scale(model, version, 0, synchronous=True, timeout_s=s.scale_timeout_s)
+                _forget_worker_status(pids)
+                d = self.client.describe(model, version)
+            pending = pending_requests(d)
+            if pending == 0 and not d.get("workers"):
+                self.client.unregister(model, version)
+                return returned
+            returned += pending
+            came_back = pending
+            # Jobs came back (or were enqueued late): serve them before the next round.
+            self._scale_up(model, version, workers or self._planned_workers(d))
+        raise SwapError(
+            f"{model} {version} still had queued jobs after {s.retire_attempts} rounds of "
+            "scale to 0 / scale up; left registered"
+        )
+
+    def _planned_workers(self, described: dict[str, Any]) -> int:
+        """Workers a version runs with: its plan's instances (Packrat version), else 1."""
+        path = self.model_store / str(described.get("modelUrl", ""))
+        try:
+            vdir = versions.load_version(path) if (path / versions.MANIFEST).exists() else None
+        except ConfigError:
+            vdir = None
+        return len(vdir.slots) if vdir is not None else 1
+
+    def _scale_up(self, model: str, version: str, workers: int) -> None:
+        """Start `workers` workers (asynchronous call: see ManagementClient.register) and wait until READY."""
+        self.client.scale(model, version, workers, synchronous=False)
+        deadline = self.clock() + self.settings.ready_timeout_s
+        while self.clock() < deadline:
+            d = self.client.describe(model, version)
+            if sum(w.get("status") == "READY" for w in d.get("workers", [])) >= workers:
+                return
+            time.sleep(self.settings.poll_s * 4)
+        raise SwapError(f"{model} {version}: {workers} worker(s) not READY after scaling up to serve returned jobs")
+
+    def _registered(self, model: str, version: str) -> bool | None:
+        """Does TorchServe list `version` of `model`? None when it cannot be asked."""
+        try:
+            return any(d.get("modelVersion") == version for d in self.client.describe_all(model))
+        except TorchServeError as exc:
+            if exc.status == 404:
+                return False  # no version of the model at all
+            return None
 
     def _rollback(
         self, model: str, old_version: str, vdir: VersionDir, defaulted: bool, warnings: list[str]
     ) -> str:
+        outcome = "rolled_back"
         try:
             if defaulted:
                 self.client.set_default(model, old_version)
-                self.drain(model, vdir.version)
-            if any(d.get("modelVersion") == vdir.version for d in self._describe_all(model)):
-                new_pids = worker_pids(self.client.describe(model, vdir.version))
-                self.client.unregister(model, vdir.version)
-                _forget_worker_status(new_pids)
+            if self._registered(model, vdir.version) is not False:
+                # Before set-default the new version had no traffic: nothing to drain.
+                # After it, requests routed to it just before set-default back get the grace.
+                self.retire(model, vdir.version, drain_first=defaulted,
+                            min_drain_s=self.settings.min_drain_s if defaulted else 0.0)
         except (TorchServeError, SwapError) as exc:
             warnings.append(f"rollback incomplete: {exc}")
-            return "failed"
-        versions.remove_version(vdir.path)
-        self._forget_slots(vdir.plan_id)
-        return "rolled_back"
-
-    def _describe_all(self, model: str) -> list[dict[str, Any]]:
-        try:
-            return self.client.describe_all(model)
-        except TorchServeError:
-            return []
+            outcome = "failed"
+        # Never delete what TorchServe still lists: its workers restart from that directory.
+        if self._registered(model, vdir.version) is False:
+            versions.remove_version(vdir.path)
+            self._forget_slots(vdir.plan_id)
+        else:
+            warnings.append(f"{vdir.version} may still be registered; {vdir.path.name} kept")
+            outcome = "failed"
+        return outcome
 
     def retire_dir(self, url: str) -> None:
         """Delete a retired Packrat version dir (never a base model dir) and its slot locks."""

@@ -7,7 +7,8 @@ A version directory lives in the model store beside the base model directory
 - its own `model_config.yaml`: the base config plus batchSize (the plan's
   batch cap), minWorkers = maxWorkers = number of instances, and a `packrat`
   section with the plan id, one slot per instance (cores, threads) and the
-  plan itself for the record;
+  plan itself for the record; a plan with a `mode` also sets
+  packrat.precision / packrat.runtime (docs/tuning.md);
 - its own `MAR-INF/MANIFEST.json` with a new `modelVersion`: TorchServe takes
   the version from the manifest, not from the register call.
 
@@ -29,6 +30,7 @@ from typing import Any
 import yaml
 
 from packrat.errors import ConfigError
+from packrat.profile.fingerprint import mode_from_config, split_mode
 from packrat.types import Plan
 
 MANIFEST = Path("MAR-INF") / "MANIFEST.json"
@@ -89,6 +91,11 @@ def validate_plan(plan: Plan, usable_cores: int) -> None:
     """Reject what no version can realise; raised before anything is created."""
     if not plan.instances:
         raise ConfigError("a plan needs at least one instance")
+    if plan.mode is not None:
+        try:
+            split_mode(plan.mode)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
     for i in plan.instances:
         if i.threads < 1:
             raise ConfigError(f"instance {i}: threads must be >= 1")
@@ -190,6 +197,10 @@ def create_version(
         config = dict(base_config)
         # The base's own packrat keys (task, precision, ...) stay; the shape keys are ours.
         packrat_cfg = dict(base_config.get("packrat") or {})
+        if plan.mode is not None:
+            # The plan's mode overrides the base's: one base archive serves every mode,
+            # so a swap changes the mode and the shape together.
+            packrat_cfg["precision"], packrat_cfg["runtime"] = split_mode(plan.mode)
         packrat_cfg.update(
             {
                 "plan_id": plan_id,
@@ -259,6 +270,18 @@ def load_version(path: str | Path) -> VersionDir | None:
         batch_size=int(config.get("batchSize", 1)),
         max_batch_delay_ms=int(config.get("maxBatchDelay", DEFAULT_MAX_BATCH_DELAY_MS)),
     )
+
+
+def served_mode(model_dir: str | Path) -> str | None:
+    """The execution mode a registered directory (base or version) runs, from its
+    model_config.yaml; None for a directory that is not a Packrat archive (no packrat.task)."""
+    try:
+        config = read_config(Path(model_dir))
+    except ConfigError:
+        return None
+    if not isinstance(config.get("packrat"), dict) or "task" not in config["packrat"]:
+        return None
+    return mode_from_config(config)
 
 
 def remove_version(path: str | Path) -> None:

@@ -25,6 +25,15 @@ def _parse_cores(text: str | None) -> tuple[int, ...] | None:
         raise typer.BadParameter(f"--cores wants a CPU list like 0-3 or 0,2: {text!r}") from exc
 
 
+def _loopback(host: str) -> str:
+    """The address the TorchServe plugin reaches a controller bound to `host` at (it forwards on loopback only)."""
+    if host in ("0.0.0.0", "", "localhost"):
+        return "127.0.0.1"
+    if host in ("::", "::1"):
+        return "[::1]"
+    return host
+
+
 def run_controller(
     *,
     management_url: str,
@@ -38,6 +47,12 @@ def run_controller(
     stop: threading.Event | None = None,
     adapt: bool = True,
     min_dwell_s: float | None = None,
+    tune: bool = True,
+    tune_modes: list[str] | None = None,
+    tune_budget_s: float | None = None,
+    tune_batch: int | None = None,
+    tune_max_batch: int | None = None,
+    tune_point_budget_s: float | None = None,
 ) -> None:
     """Attach, clean up after a killed predecessor, then serve the REST API until stopped."""
     import uvicorn
@@ -76,6 +91,15 @@ def run_controller(
         stop = stop or threading.Event()
         ticker = threading.Thread(target=controller.run, args=(stop,), name="controller-tick", daemon=True)
         ticker.start()
+        if tune:
+            # Every Packrat model to its fastest measured (mode, shape), in the background.
+            from packrat.autotune import AutoTuner
+
+            tuner = AutoTuner(controller, modes=tune_modes, budget_s=tune_budget_s, batch=tune_batch,
+                              max_batch=tune_max_batch, point_budget_s=tune_point_budget_s)
+            threading.Thread(target=tuner.run, args=(stop,), name="controller-autotune", daemon=True).start()
+            typer.echo("tuning every Packrat model in the background (--no-tune to switch off); "
+                       "progress: packrat status", err=True)
         config = uvicorn.Config(create_app(controller), host=host, port=port, log_level="warning")
         server = uvicorn.Server(config)
         typer.echo(f"packrat controller API on http://{host}:{port} (token: TorchServe management key)", err=True)
@@ -104,6 +128,17 @@ def register(app: typer.Typer) -> None:
         port: int = typer.Option(DEFAULT_API_PORT, "--port", help="REST API port"),
         adapt: bool = typer.Option(True, "--adapt/--no-adapt", help="re-plan automatically when the load moves"),
         min_dwell: Optional[float] = typer.Option(None, "--min-dwell", help="seconds between automatic swaps [60]"),
+        tune: bool = typer.Option(True, "--tune/--no-tune",
+                                  help="tune every Packrat model (execution mode and shape) in the background"),
+        tune_modes: list[str] = typer.Option([], "--tune-mode", help="modes the automatic tune tries besides the "
+                                             "archive's own (repeat; 'all') (default: a short list per task)"),
+        tune_budget: Optional[float] = typer.Option(None, "--tune-budget", help="seconds per model tune [180]"),
+        tune_batch: Optional[int] = typer.Option(None, "--tune-batch",
+                                                 help="load batch B to tune for (default: observed, else 8)"),
+        tune_max_batch: Optional[int] = typer.Option(None, "--tune-max-batch",
+                                                     help="largest profiled batch (default: max(B, 8))"),
+        tune_point_budget: Optional[float] = typer.Option(None, "--tune-point-budget",
+                                                          help="seconds per profiled point [5]"),
     ) -> None:
         """Attach to a running TorchServe and serve the Packrat REST API."""
         try:
@@ -118,6 +153,12 @@ def register(app: typer.Typer) -> None:
                 port=port,
                 adapt=adapt,
                 min_dwell_s=min_dwell,
+                tune=tune,
+                tune_modes=tune_modes or None,
+                tune_budget_s=tune_budget,
+                tune_batch=tune_batch,
+                tune_max_batch=tune_max_batch,
+                tune_point_budget_s=tune_point_budget,
             )
         except PackratError as exc:
             typer.echo(f"error: {exc}", err=True)
@@ -134,6 +175,17 @@ def register(app: typer.Typer) -> None:
         port: int = typer.Option(DEFAULT_API_PORT, "--port"),
         adapt: bool = typer.Option(True, "--adapt/--no-adapt", help="re-plan automatically when the load moves"),
         min_dwell: Optional[float] = typer.Option(None, "--min-dwell", help="seconds between automatic swaps [60]"),
+        tune: bool = typer.Option(True, "--tune/--no-tune",
+                                  help="tune every Packrat model (execution mode and shape) in the background"),
+        tune_modes: list[str] = typer.Option([], "--tune-mode", help="modes the automatic tune tries besides the "
+                                             "archive's own (repeat; 'all') (default: a short list per task)"),
+        tune_budget: Optional[float] = typer.Option(None, "--tune-budget", help="seconds per model tune [180]"),
+        tune_batch: Optional[int] = typer.Option(None, "--tune-batch",
+                                                 help="load batch B to tune for (default: observed, else 8)"),
+        tune_max_batch: Optional[int] = typer.Option(None, "--tune-max-batch",
+                                                     help="largest profiled batch (default: max(B, 8))"),
+        tune_point_budget: Optional[float] = typer.Option(None, "--tune-point-budget",
+                                                          help="seconds per profiled point [5]"),
     ) -> None:
         """Start TorchServe (with the config's ports) and the controller; Ctrl-C stops both."""
         from packrat.server import Ports, read_properties, start_torchserve
@@ -145,6 +197,8 @@ def register(app: typer.Typer) -> None:
                 config_template=config,
                 ports=Ports.fixed_from(read_properties(config)),
                 models=models or None,
+                # The plugin's /packrat/... on the management port forwards to this controller.
+                extra_properties={"packrat_controller_url": f"http://{_loopback(host)}:{port}"},
             )
         except PackratError as exc:
             typer.echo(f"error: {exc}", err=True)
@@ -170,6 +224,12 @@ def register(app: typer.Typer) -> None:
                 stop=stop,
                 adapt=adapt,
                 min_dwell_s=min_dwell,
+                tune=tune,
+                tune_modes=tune_modes or None,
+                tune_budget_s=tune_budget,
+                tune_batch=tune_batch,
+                tune_max_batch=tune_max_batch,
+                tune_point_budget_s=tune_point_budget,
             )
         except PackratError as exc:
             typer.echo(f"error: {exc}", err=True)

@@ -51,8 +51,14 @@ def profile_command(
         ..., help="Archive directory (with packrat_handler.py), .mar file, or Hugging Face model directory"
     ),
     output: Optional[Path] = typer.Option(
-        None, "-o", "--output", help="Profile JSON to write [default: profiles/<model>-<scope>.json]"
+        None, "-o", "--output",
+        help="Profile JSON to write [default: <state dir>/profiles/<model>/<mode>.json, where the "
+             "controller and `packrat tune` find it; scope model: <mode>-model.json]"
     ),
+    mode: Optional[str] = typer.Option(
+        None, "--mode", help="Profile the archive in this execution mode, e.g. bf16-openvino "
+                             "[default: the archive's own] (docs/modes.md)"),
+    state_dir: Path = typer.Option(Path(".packrat"), "--state-dir", help="Where the default output goes"),
     cores: Optional[int] = typer.Option(None, "--cores", help="T: profile thread counts 1..T [default: all usable cores]"),
     max_batch: int = typer.Option(32, "--max-batch", help="Largest batch; batches are 1, 2, 4, ... up to it"),
     budget: Optional[float] = typer.Option(None, "--budget", help="Total seconds for the whole run (default: none)"),
@@ -78,7 +84,16 @@ def profile_command(
         if output is not None and output.is_dir():
             raise ConfigError(f"{output}: is a directory; give a file name with -o")
         with _archive_for(path) as archive:
-            out = output or Path("profiles") / f"{archive.model_name}-{scope}.json"
+            if mode:
+                from packrat.profile.fingerprint import split_mode
+                from packrat.profile.identity import archive_in_mode
+
+                try:
+                    split_mode(mode)
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
+                archive = archive_in_mode(archive, mode)
+            out = output or _default_output(state_dir, archive, scope)
             profile = _run(archive, settings, out, quiet)
     except (ConfigError, ArchiveError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -102,6 +117,15 @@ def profile_command(
         f"wrote {out}: {len(profile.points)} points, {len(omitted)} omitted, "
         f"{profile.extra.get('duration_s')} s"
     )
+
+
+def _default_output(state_dir: Path, archive, scope: str) -> Path:
+    from packrat.profile.fingerprint import mode_from_config
+    from packrat.profile.library import profile_file
+
+    mode = mode_from_config(archive.config)
+    out = profile_file(state_dir, archive.model_name, mode)
+    return out if scope == "handler" else out.with_name(f"{mode}-{scope}.json")
 
 
 def _run(archive, settings, out: Path, quiet: bool) -> Profile:

@@ -1,6 +1,8 @@
 """The adaptation loop as the controller's policy: counters -> B -> decide -> plan.
 
-`AdaptiveLoop` is the controller's packrat.types.Policy,
+`AdaptiveLoop` is the controller's packrat.types.Policy (for a tuned model the
+candidates come from every mode's profile, packrat.plan.mode_candidates, so the
+same hysteresis moves it across (mode, shape)),
 
     loop(tick_context, state_dict) -> (plan to apply or None, new state_dict)
 
@@ -39,7 +41,7 @@ from packrat.observe.persist import (
     policy_state_to_json,
 )
 from packrat.observe.policy import Decision, PolicyContext, PolicySettings, decide
-from packrat.plan import candidate_plans, plan_latency_at
+from packrat.plan import candidate_plans, mode_candidates, plan_latency_at
 from packrat.profile.store import load_profile
 from packrat.types import Plan, Profile, TickContext
 
@@ -195,7 +197,10 @@ class AdaptiveLoop:
         current: Plan | None = ctx.plan
         cands: tuple[Plan, ...] = ()
         current_ms = None
-        if profile is not None:
+        if ctx.profiles:
+            # Tuned model: (mode, shape) candidates from every mode's checked profile.
+            cands, current_ms, _ = mode_candidates(ctx.profiles, ctx.cores, est.batch, current)
+        elif profile is not None:
             # Beyond cores x the largest profiled batch no plan takes the whole
             # load at once; the plan for that many is the best there is (the
             # rest queues whatever the plan), so plan and compare at that B.

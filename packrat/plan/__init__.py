@@ -3,6 +3,7 @@
     plan(profile, cores, batch, *, rtol=0.0, cover=False) -> Plan   exact min–max 2-D knapsack
     realizable_plan(profile, cores, batch)       best plan with one shared batch cap
     plans_per_mode(profiles, cores, batch)       one plan per execution mode + the overall choice
+    mode_candidates(profiles, cores, batch)      the re-plan policy's candidates across modes
     candidate_plans(profile, cores, batch)       the realisable plan, then the other uniform plans
     every_uniform_plan(cores, batch, profile)    every uniform shape (the bench's oracle)
     plan_latency_at(profile, plan, batch)        a plan's predicted latency at another batch
@@ -28,7 +29,7 @@ from packrat.plan.knapsack import (
     realizable_gap,
     realizable_plan,
 )
-from packrat.plan.modes import ModePlan, plans_per_mode
+from packrat.plan.modes import ModePlan, mode_candidates, plans_per_mode
 
 # `plan` is the name the design uses for the pure decision function.
 plan = optimal_plan
@@ -37,6 +38,7 @@ __all__ = [
     "ModePlan",
     "candidate_plans",
     "every_uniform_plan",
+    "mode_candidates",
     "fat_latency",
     "optimal_plan",
     "plan",

@@ -152,5 +152,9 @@ def candidate_plans(profile: Profile, cores: int, batch: int) -> tuple[Plan, ...
 
 
 def same_shape(a: Plan | None, b: Plan | None) -> bool:
-    """Same workers (threads, cap) regardless of the batch the plan was made for."""
-    return a is not None and b is not None and a.shape == b.shape
+    """Same workers (threads, cap) in the same execution mode, regardless of the batch
+    the plan was made for. A plan without a mode (the base archive's) matches any mode:
+    the caller resolves modes when it compares across them."""
+    if a is None or b is None or a.shape != b.shape:
+        return False
+    return a.mode is None or b.mode is None or a.mode == b.mode

@@ -61,4 +61,40 @@ def plans_per_mode(
     return out, best
 
 
-__all__ = ["ModePlan", "mode_of", "plans_per_mode"]
+def mode_candidates(
+    profiles: Sequence[Profile], cores: int, batch: int, current: Plan | None = None,
+) -> tuple[tuple[Plan, ...], float | None, int]:
+    """What the re-plan policy chooses from across modes, at one load batch.
+
+    Returns (candidates, the current plan's predicted latency or None, the batch
+    planned at). Every candidate carries its mode; the first is the lowest
+    predicted realisable plan over all modes (the optimiser's choice), then the
+    rest of every mode's candidate_plans. Beyond cores x the largest profiled
+    batch no plan takes the whole load at once, so plans are made (and compared)
+    at that batch. The current plan is scored with the profile of its own mode.
+    """
+    from dataclasses import replace
+
+    from packrat.plan.candidates import candidate_plans, plan_latency_at
+
+    if not profiles:
+        return (), None, batch
+    plan_b = min(batch, cores * max(p.batch for prof in profiles for p in prof.points))
+    firsts: list[Plan] = []
+    rest: list[Plan] = []
+    by_mode: dict[str, Profile] = {}
+    for i, prof in enumerate(profiles):
+        mode = mode_of(prof, i)
+        by_mode.setdefault(mode, prof)
+        plans = [replace(p, mode=mode) for p in candidate_plans(prof, cores, plan_b)]
+        if plans:
+            firsts.append(plans[0])
+            rest.extend(plans[1:])
+    firsts.sort(key=lambda p: p.predicted_latency_ms)  # stable: ties keep the profiles' order
+    current_ms = None
+    if current is not None and current.mode in by_mode:
+        current_ms = plan_latency_at(by_mode[current.mode], current, plan_b)
+    return tuple(firsts + rest), current_ms, plan_b
+
+
+__all__ = ["ModePlan", "mode_candidates", "mode_of", "plans_per_mode"]

@@ -81,6 +81,25 @@ def mode_from_config(config: Mapping[str, Any]) -> str:
     return f"{precision}-{runtime}"
 
 
+def split_mode(mode: str) -> tuple[str, str]:
+    """"bf16-openvino" -> ("bf16", "openvino"); ValueError when it is not "<precision>-<runtime>"."""
+    precision, sep, runtime = str(mode).strip().lower().partition("-")
+    if not sep or not precision or not runtime:
+        raise ValueError(f"mode {mode!r} is not <precision>-<runtime>, e.g. bf16-openvino")
+    return precision, runtime
+
+
+def config_in_mode(config: Mapping[str, Any], mode: str) -> dict[str, Any]:
+    """A copy of an archive's config that runs in `mode` (packrat.precision/runtime set),
+    everything else unchanged: one base archive serves every mode."""
+    precision, runtime = split_mode(mode)
+    out = dict(config)
+    section = dict(out.get("packrat") or {})
+    section.update(precision=precision, runtime=runtime)
+    out["packrat"] = section
+    return out
+
+
 def current_fingerprint(config: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Fingerprint:
     """The fingerprint a profile of an archive with `config` would get on this machine now."""
     return Fingerprint(

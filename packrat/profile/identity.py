@@ -141,6 +141,17 @@ def _model_name(directory: Path, source: Path) -> str:
     return source.stem if source.suffix == ".mar" else source.name
 
 
+def archive_in_mode(archive: ArchiveRef, mode: str) -> ArchiveRef:
+    """The same archive run in another execution mode: its config with
+    packrat.precision/runtime replaced. The model id stays the base archive's
+    hash; the mode goes into the profile's fingerprint (packrat.profile.fingerprint)."""
+    from dataclasses import replace
+
+    from packrat.profile.fingerprint import config_in_mode
+
+    return replace(archive, config=config_in_mode(archive.config, mode))
+
+
 def open_archive(path: str | Path) -> ArchiveRef:
     """Resolve an archive directory or a .mar file; ConfigError if it is neither."""
     source = Path(path)

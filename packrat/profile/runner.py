@@ -47,6 +47,9 @@ class ProfileSettings:
     rel_ci: float = 0.05
     confidence: float = 0.95
     min_count: int = 5
+    # Batch sizes in the order to measure them; None: batch_sizes(max_batch), smallest first.
+    # A tune puts the caps its batch needs first, so a short budget cuts the others.
+    batches: tuple[int, ...] | None = None
 
     def validate(self, usable: int) -> None:
         if self.cores < 1:
@@ -59,6 +62,8 @@ class ProfileSettings:
             raise ConfigError(f"--budget must be > 0 seconds, got {self.budget_s}")
         if self.point_budget_s <= 0:
             raise ConfigError(f"--point-budget must be > 0 seconds, got {self.point_budget_s}")
+        if self.batches is not None and (not self.batches or min(self.batches) < 1):
+            raise ConfigError(f"batches must be >= 1, got {self.batches}")
         if self.scope not in SCOPES:
             raise ConfigError(f"--scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
 
@@ -153,12 +158,15 @@ def run_profile(
     progress: bool = True,
     on_update: Callable[[Profile], None] | None = None,
     log_path: str | Path | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> Profile:
-    """Profile `archive` on this machine. `on_update` gets the partial profile after every point."""
+    """Profile `archive` on this machine. `on_update` gets the partial profile after every point;
+    `on_event` every worker event as it arrives ({"event": "ready" | "start" | "point" |
+    "omitted", "threads": t, ...}): "ready" means the mode loaded and passed its accuracy guard."""
     cores = sorted(os.sched_getaffinity(0))
     settings.validate(len(cores))
     fingerprint = current_fingerprint(archive.config)
-    batches = batch_sizes(settings.max_batch)
+    batches = list(settings.batches) if settings.batches else batch_sizes(settings.max_batch)
     rule = {
         "rel_ci": settings.rel_ci,
         "confidence": settings.confidence,
@@ -201,7 +209,9 @@ def run_profile(
                 remaining = settings.budget_s - (time.monotonic() - started_wall)
                 budget = budget_share(max(0.0, remaining), t, settings.cores)
 
-            def on_event(event: dict[str, Any], t: int = t) -> None:
+            def on_worker_event(event: dict[str, Any], t: int = t) -> None:
+                if on_event is not None:
+                    on_event({**event, "threads": t})
                 kind = event["event"]
                 if kind == "ready":
                     workers.append({"threads": t, **{k: v for k, v in event.items() if k != "event"}})
@@ -223,7 +233,8 @@ def run_profile(
 
             if budget is not None and budget <= 0:
                 for b in batches:
-                    on_event({"event": "omitted", "threads": t, "batch": b, "reason": "total budget exhausted"})
+                    on_worker_event({"event": "omitted", "threads": t, "batch": b,
+                                     "reason": "total budget exhausted"})
                 continue
             job = {
                 "archive_dir": str(archive.directory),
@@ -235,7 +246,7 @@ def run_profile(
                 "rule": rule,
                 "budget_s": budget,
             }
-            _run_worker(job, on_event, log)
+            _run_worker(job, on_worker_event, log)
     finally:
         bar.close()
     return snapshot(complete=True)

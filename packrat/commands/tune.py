@@ -1,0 +1,132 @@
+"""`packrat tune` (ask the controller to tune a model, follow its progress) and
+`packrat status` (every model's version, mode, shape and tuning stage).
+
+Both talk to a running `packrat controller` over its REST API with
+TorchServe's management key, read from the key file each time (keys expire
+hourly). Defaults match `make run`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+API = typer.Option("http://127.0.0.1:8085", "--api", help="the controller's REST API")
+KEY_FILE = typer.Option(Path(".packrat/torchserve/key_file.json"), "--key-file",
+                        help="TorchServe's key_file.json (the management key is the controller's token)")
+
+
+def _headers(key_file: Path) -> dict[str, str]:
+    from packrat.apply.keys import read_keys
+    from packrat.errors import PackratError
+
+    try:
+        keys = read_keys(key_file)
+    except (OSError, PackratError) as exc:
+        typer.echo(f"error: cannot read the management key from {key_file}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    return keys.management.bearer()
+
+
+def _call(method: str, url: str, key_file: Path, body: Any = None) -> Any:
+    import requests
+
+    try:
+        r = requests.request(method, url, json=body, headers=_headers(key_file), timeout=60)
+    except requests.RequestException as exc:
+        typer.echo(f"error: the controller at {url} does not answer ({exc}); is `packrat controller` running?",
+                   err=True)
+        raise typer.Exit(1) from None
+    if r.status_code >= 400:
+        try:
+            detail = r.json().get("detail")
+        except ValueError:
+            detail = r.text
+        typer.echo(f"error: HTTP {r.status_code}: {detail}", err=True)
+        raise typer.Exit(1)
+    return r.json()
+
+
+def shape_text(plan: dict[str, Any] | None) -> str:
+    if not plan:
+        return "not a Packrat plan"
+    groups: dict[tuple[int, int], int] = {}
+    for i in plan["instances"]:
+        groups[(i["threads"], i["batch"])] = groups.get((i["threads"], i["batch"]), 0) + 1
+    return " + ".join(f"{n}x(t{t},b{b})" for (t, b), n in groups.items())
+
+
+def mode_table(tune: dict[str, Any]) -> str:
+    """Per mode: what happened to it and its best plan at the tune's batch."""
+    lines = [f"  {'mode':<18} {'state':<9} {'predicted ms':>12} {'fat ms':>9}  shape / reason"]
+    for mode, m in (tune.get("modes") or {}).items():
+        plan = m.get("plan") or {}
+        pred = f"{plan['predicted_ms']:.1f}" if plan.get("predicted_ms") is not None else "-"
+        fat = f"{plan['fat_ms']:.1f}" if plan.get("fat_ms") is not None else "-"
+        what = plan.get("shape") or plan.get("reason") or (m.get("reason") or "").splitlines()[0][:100]
+        lines.append(f"  {mode:<18} {m.get('state', '?'):<9} {pred:>12} {fat:>9}  {what}")
+    for mode, why in (tune.get("skipped") or {}).items():
+        lines.append(f"  {mode:<18} {'not tried':<9} {'-':>12} {'-':>9}  {why[:100]}")
+    return "\n".join(lines)
+
+
+def tune_command(
+    model: str = typer.Argument(..., help="model name as registered in TorchServe"),
+    modes: list[str] = typer.Option([], "--mode", help="a mode to try, e.g. bf16-openvino (repeat); 'all' = every "
+                                                        "supported mode (default: a short list per task)"),
+    budget: Optional[float] = typer.Option(None, "--budget", help="seconds for the whole tune of this model [180]"),
+    batch: Optional[int] = typer.Option(None, "--batch", help="load batch B to choose for (default: observed, else 8)"),
+    fresh: bool = typer.Option(False, "--fresh", help="re-profile modes whose profile is still valid"),
+    max_batch: Optional[int] = typer.Option(None, "--max-batch", help="largest profiled batch (default: max(B, 8))"),
+    point_budget: Optional[float] = typer.Option(None, "--point-budget", help="seconds per profiled point [5]"),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="follow the tune until it ends"),
+    api: str = API,
+    key_file: Path = KEY_FILE,
+) -> None:
+    """Tune MODEL: guard and profile each execution mode, apply the fastest (mode, plan)."""
+    body = {"modes": modes or None, "budget_s": budget, "batch": batch, "fresh": fresh,
+            "max_batch": max_batch, "point_budget_s": point_budget}
+    job = _call("POST", f"{api}/v1/models/{model}/tune", key_file, body)
+    typer.echo(f"tune job {job['id']} for {model}: {job['state']}")
+    if not wait:
+        return
+    last = None
+    while job["state"] in ("queued", "running"):
+        text = (job.get("progress") or {}).get("text") or job["state"]
+        if text != last:
+            typer.echo(f"  {text}")
+            last = text
+        time.sleep(1.0)
+        job = _call("GET", f"{api}/v1/jobs/{job['id']}", key_file)
+    final = job.get("result") or job.get("progress") or {}
+    typer.echo(mode_table(final))
+    if job["state"] == "done":
+        typer.echo(final.get("text", "done"))
+    else:
+        typer.echo(f"tune failed: {(job.get('error') or '').splitlines()[0] if job.get('error') else ''}", err=True)
+        raise typer.Exit(1)
+
+
+def status_command(
+    model: Optional[str] = typer.Argument(None, help="one model (default: every model)"),
+    api: str = API,
+    key_file: Path = KEY_FILE,
+    modes: bool = typer.Option(False, "--modes", help="also the per-mode table of each model's tune"),
+) -> None:
+    """Every model's live version, execution mode, shape and tuning stage."""
+    names = [model] if model else [m["model"] for m in _call("GET", f"{api}/v1/models", key_file)]
+    for name in names:
+        st = _call("GET", f"{api}/v1/models/{name}/status", key_file)
+        tune = st.get("tune") or {}
+        stage = tune.get("text") or "not tuned"
+        typer.echo(f"{name:<12} {st['version']:<6} {st.get('mode') or '-':<18} {shape_text(st.get('plan')):<22} {stage}")
+        if modes and tune:
+            typer.echo(mode_table(tune))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune_command)
+    app.command("status")(status_command)

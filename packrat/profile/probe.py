@@ -1,0 +1,128 @@
+"""What this machine can run for one archive, asked of the archive's own code in a fresh process.
+
+    python -m packrat.profile.probe ARCHIVE_DIR      -> one JSON object on stdout
+
+    {"task": "text-classification",
+     "mode": "fp32-eager",                      # the archive's own mode
+     "runtimes": ["eager", "torchscript", ...], # what its packrat_tasks.runtime registers
+     "bf16": null | "why not",                  # packrat_tasks.precision.check_bf16()
+     "unavailable": {"openvino": "ModuleNotFoundError: ...", ...}}
+
+bf16 is judged by the handler's own check (native avx512_bf16/AMX flags and
+oneDNN's bf16 support), so the tuner offers bf16 exactly where a worker would
+accept it; a foreign runtime counts as available only if it imports here.
+The probe runs in its own interpreter because importing torch, ONNX Runtime
+or OpenVINO into the controller would start their thread pools there.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packrat.errors import ProfileError
+
+# Modules each runtime needs beyond torch (the ONNX runtimes export with `onnx`).
+RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("onnx", "onnxruntime"),
+    "openvino": ("onnx", "openvino"),
+    "ipex": ("intel_extension_for_pytorch",),
+}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    task: str | None
+    mode: str  # the archive's own mode
+    runtimes: tuple[str, ...]  # registered by the archive's runtime module and importable here
+    bf16: str | None  # None: native bf16 works; else why not
+    unavailable: dict[str, str] = field(default_factory=dict)  # runtime -> why not
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "mode": self.mode, "runtimes": list(self.runtimes),
+                "bf16": self.bf16, "unavailable": dict(self.unavailable)}
+
+
+def probe_archive(archive_dir: str | Path, timeout_s: float = 180.0) -> Capabilities:
+    """Run the probe on `archive_dir` in a child interpreter; ProfileError if it fails."""
+    try:
+        r = subprocess.run([sys.executable, "-m", "packrat.profile.probe", str(archive_dir)],
+                           capture_output=True, text=True, timeout=timeout_s,
+                           env=_child_env())
+    except subprocess.TimeoutExpired as exc:
+        raise ProfileError(f"capability probe of {archive_dir} timed out after {timeout_s:.0f} s") from exc
+    lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+    if r.returncode != 0 or not lines:
+        raise ProfileError(f"capability probe of {archive_dir} failed (exit {r.returncode}): "
+                           f"{(r.stderr or r.stdout).strip()[-800:]}")
+    d = json.loads(lines[-1])
+    return Capabilities(task=d.get("task"), mode=d["mode"], runtimes=tuple(d["runtimes"]),
+                        bf16=d.get("bf16"), unavailable=dict(d.get("unavailable") or {}))
+
+
+def _child_env() -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # write no __pycache__ into the archive directory
+    env.setdefault("OMP_NUM_THREADS", "1")  # the probe computes nothing
+    return env
+
+
+def _probe(archive_dir: str) -> dict[str, Any]:
+    import importlib
+    import importlib.util
+
+    import yaml
+
+    sys.path.insert(0, archive_dir)
+    config = yaml.safe_load((Path(archive_dir) / "model_config.yaml").read_text()) or {}
+    section = config.get("packrat") or {}
+    from packrat_tasks import precision, runtime  # the archive's own copies
+
+    out: dict[str, Any] = {
+        "task": section.get("task"),
+        "mode": f"{section.get('precision', 'fp32')}-{section.get('runtime', 'eager')}".lower(),
+        "bf16": None,
+        "unavailable": {},
+    }
+    try:
+        precision.check_bf16()
+    except precision.PrecisionError as exc:
+        out["bf16"] = str(exc)
+    except Exception as exc:  # e.g. torch without mkldnn ops
+        out["bf16"] = f"{type(exc).__name__}: {exc}"
+    available = []
+    for name in sorted(runtime.RUNTIMES):
+        problem = None
+        for module in RUNTIME_IMPORTS.get(name, ()):
+            if importlib.util.find_spec(module) is None:
+                problem = f"{module} is not installed"
+                break
+            try:
+                importlib.import_module(module)
+            except Exception as exc:  # an installed wheel that does not load here
+                problem = f"{module} does not import: {type(exc).__name__}: {exc}"
+                break
+        if problem:
+            out["unavailable"][name] = problem
+        else:
+            available.append(name)
+    out["runtimes"] = available
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m packrat.profile.probe ARCHIVE_DIR", file=sys.stderr)
+        return 2
+    print(json.dumps(_probe(argv[1])), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

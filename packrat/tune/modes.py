@@ -1,0 +1,88 @@
+"""Which execution modes to try for an archive on this machine (pure: no torch, no I/O).
+
+    candidate_modes(caps, requested=None) -> (modes to try, {mode: why not})
+
+A mode is "<precision>-<runtime>" (docs/modes.md). It is a candidate when the
+machine supports it (packrat.profile.probe.Capabilities: bf16 only with
+native bf16, a runtime only where it imports) and the task can run it
+(text-generation: eager only; no bf16 on ONNX Runtime; no int8 on inductor
+or IPEX). The archive's own mode always comes first: it is what serves until
+a faster mode is found, and it wins ties.
+
+Without `requested`, the candidates are a short list per task — the modes
+that were fastest in the measurements of docs/modes-benchmark.md — so that
+tuning every demo model fits in minutes on 2 cores; `["all"]` tries every
+supported mode (inductor compiles for about a minute per worker on 2 cores).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from packrat.profile.probe import Capabilities
+
+PRECISIONS = ("fp32", "bf16", "int8")
+RUNTIMES = ("eager", "torchscript", "inductor", "onnxruntime", "openvino", "ipex")
+ALL = "all"
+
+# Tried by default, in this order after the archive's own mode: two per task, so
+# that all demo models are tuned within ~15 min on 2 cores. From
+# docs/modes-benchmark.md (2-core Xeon with AMX and 2-core EPYC with avx512_bf16):
+# encoders: bf16-openvino 4-5x, int8-onnxruntime ~3x over fp32 eager (fp32
+# OpenVINO/ONNX Runtime ~1.1x); ResNet-50: bf16-openvino 5-8x, bf16-torchscript
+# ~3x (fp32 runtimes 1.3x); GPT-2 runs eager only, so only the precision varies.
+SHORTLIST: dict[str, tuple[str, ...]] = {
+    "text-classification": ("bf16-openvino", "int8-onnxruntime"),
+    "feature-extraction": ("bf16-openvino", "int8-onnxruntime"),
+    "image-classification": ("bf16-openvino", "bf16-torchscript"),
+    "text-generation": ("bf16-eager", "int8-eager"),
+    "noop": (),  # no model: only the shape is tuned
+}
+
+
+def unsupported(mode: str, caps: Capabilities) -> str | None:
+    """Why `mode` cannot run for this archive on this machine, or None."""
+    precision, sep, runtime = mode.partition("-")
+    if not sep or precision not in PRECISIONS or runtime not in RUNTIMES:
+        return f"unknown mode (precisions {', '.join(PRECISIONS)}; runtimes {', '.join(RUNTIMES)})"
+    if caps.task == "noop" and mode != caps.mode:
+        return "the noop task has no model to run in another mode"
+    if caps.task == "text-generation" and runtime != "eager":
+        return "text-generation runs eager only (the decoding loop is not traced or exported)"
+    if precision == "bf16" and caps.bf16:
+        return caps.bf16
+    if runtime in caps.unavailable:
+        return caps.unavailable[runtime]
+    if runtime not in caps.runtimes:
+        return f"runtime {runtime!r} is not offered by this archive's handler"
+    if precision == "bf16" and runtime == "onnxruntime":
+        return "ONNX Runtime's CPU provider has no bf16 kernels for these graphs"
+    if precision == "int8" and runtime in ("inductor", "ipex"):
+        return f"int8 is not offered with {runtime}"
+    return None
+
+
+def every_mode() -> list[str]:
+    return [f"{p}-{r}" for r in RUNTIMES for p in PRECISIONS]
+
+
+def candidate_modes(caps: Capabilities, requested: Sequence[str] | None = None
+                    ) -> tuple[list[str], dict[str, str]]:
+    """(modes to try, the archive's own first; {mode: why it is not tried})."""
+    if requested:
+        wanted = [m.strip().lower() for m in requested if m.strip()]
+        if ALL in wanted:
+            wanted = every_mode()
+    else:
+        wanted = list(SHORTLIST.get(caps.task or "", ()))
+    out: list[str] = [caps.mode]
+    skipped: dict[str, str] = {}
+    for mode in wanted:
+        if mode in out or mode in skipped:
+            continue
+        why = unsupported(mode, caps)
+        if why:
+            skipped[mode] = why
+        else:
+            out.append(mode)
+    return out, skipped

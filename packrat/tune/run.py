@@ -1,0 +1,349 @@
+"""Tune one model: probe -> for each candidate mode: guard, profile -> choose (mode, plan).
+
+    tune_model(base_dir, model, state_dir, settings, tracker) -> TuneResult
+
+1. probe       which modes this machine and the archive's handler support
+               (packrat.profile.probe; packrat.tune.modes picks the candidates).
+2. per mode    a profile still valid for this archive and machine is reused
+               (packrat.profile.library checks hash and fingerprint); a mode
+               refused earlier for the same archive and machine is not retried
+               unless asked for by name; otherwise the mode is profiled in the
+               profiler's isolated pinned workers, which load it through the
+               archive's own handler. Its accuracy guard runs in the first
+               worker before any point is timed ("guarding"): a refused mode
+               raises there, is recorded with its reason and gets no profile,
+               so nothing can plan from it or serve it. Then the points are
+               timed within the mode's share of the budget ("profiling").
+               The archive's own mode is measured last (it already serves and
+               is usually the slowest), so a short budget cuts it first.
+3. choose      packrat.plan.plans_per_mode over the modes' profiles for batch
+               B; the archive's own mode is listed first and wins ties.
+
+Applying the choice is the controller's (it owns the swap). Every step is
+reported to a Tracker, which the REST status shows and which is persisted to
+<state dir>/tune/<model>.json, so a restarted controller knows what was
+tuned, for which archive and machine (the `key`), and what was refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from packrat.errors import ConfigError, PlanError, ProfileError
+from packrat.plan import plans_per_mode
+from packrat.profile import ProfileSettings, open_archive, run_profile, save_profile
+from packrat.profile.fingerprint import config_in_mode, current_fingerprint
+from packrat.profile.identity import archive_in_mode
+from packrat.profile.library import HASHES, check_mode_profile, profile_file
+from packrat.profile.probe import probe_archive
+from packrat.tune.modes import ALL, PRECISIONS, RUNTIMES, candidate_modes
+from packrat.types import Plan, Profile
+
+DEFAULT_BATCH = 8  # planned for when no load has been observed yet
+# One model, every mode: guards, loads and points. 3 modes x ~60 s (2 loads, 8 points
+# of <= 5 s) for a full-size model; 4 demo models x 3 min + swaps fit in 15 min on 2 cores.
+DEFAULT_BUDGET_S = 180.0
+DEFAULT_MAX_BATCH = 8
+DEFAULT_POINT_BUDGET_S = 5.0
+# A mode is not started with less budget left than this (loading alone takes seconds).
+MIN_MODE_BUDGET_S = 8.0
+TUNE_DIR = "tune"
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    cores: int
+    batch: int = DEFAULT_BATCH
+    modes: tuple[str, ...] | None = None  # None: the short list; ("all",): every supported mode
+    budget_s: float = DEFAULT_BUDGET_S
+    max_batch: int | None = None  # largest profiled batch; None: max(batch, DEFAULT_MAX_BATCH)
+    point_budget_s: float = DEFAULT_POINT_BUDGET_S
+    fresh: bool = False  # re-profile modes whose profile is still valid
+
+    @property
+    def profile_max_batch(self) -> int:
+        return self.max_batch or max(self.batch, DEFAULT_MAX_BATCH)
+
+    def validate(self, usable_cores: int) -> None:
+        if self.batch < 1:
+            raise ConfigError(f"batch must be >= 1, got {self.batch}")
+        if self.budget_s <= 0:
+            raise ConfigError(f"budget must be > 0 s, got {self.budget_s}")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.point_budget_s <= 0:
+            raise ConfigError(f"point budget must be > 0 s, got {self.point_budget_s}")
+        if not 1 <= self.cores <= usable_cores:
+            raise ConfigError(f"cores must be 1..{usable_cores}, got {self.cores}")
+        for m in self.modes or ():
+            p, _, r = m.strip().lower().partition("-")
+            if m.strip().lower() != ALL and (p not in PRECISIONS or r not in RUNTIMES):
+                raise ConfigError(f"unknown mode {m!r}: <precision>-<runtime> with precision in "
+                                  f"{', '.join(PRECISIONS)} and runtime in {', '.join(RUNTIMES)}, or 'all'")
+
+
+def tune_batches(batch: int, cores: int, max_batch: int) -> tuple[int, ...]:
+    """Batch sizes to profile, in order: first the caps a realisable plan for `batch`
+    on `cores` cores can use (ceil(B/n) for n workers), then 1, 2, 4, ... max_batch.
+    Loading a mode can take most of a mode's budget on a busy machine; what is left
+    then goes to the points the choice at B needs."""
+    from packrat.profile.runner import batch_sizes
+
+    needed = sorted({-(-batch // n) for n in range(1, cores + 1)})
+    return tuple(needed + [b for b in batch_sizes(max_batch) if b not in needed])
+
+
+def record_path(state_dir: str | Path, model: str) -> Path:
+    return Path(state_dir) / TUNE_DIR / f"{model}.json"
+
+
+def load_record(state_dir: str | Path, model: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(record_path(state_dir, model).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def machine_key(config: dict[str, Any]) -> dict[str, Any]:
+    """The fingerprint fields that do not depend on the mode."""
+    fp = asdict(current_fingerprint(config))
+    fp.pop("mode")
+    return fp
+
+
+def tune_key(base_dir: str | Path, base: str) -> dict[str, Any]:
+    """What a tune result is valid for: the base archive (name, content hash) and this machine.
+    When it changes, the model is re-tuned (a new archive version, another CPU, torch, ...)."""
+    from packrat.profile.library import base_config
+
+    return {"base": base, "model_id": HASHES(base_dir), "machine": machine_key(base_config(base_dir))}
+
+
+class Tracker:
+    """The tune of one model as it goes; thread-safe snapshots, persisted on every change."""
+
+    def __init__(self, state_dir: str | Path | None, model: str,
+                 on_change: Callable[[dict[str, Any]], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._path = record_path(state_dir, model) if state_dir is not None else None
+        self._on_change = on_change
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._d: dict[str, Any] = {
+            "model": model, "state": "queued", "stage": "queued", "text": "queued",
+            "trigger": None, "created": clock(), "started": None, "finished": None,
+            "batch": None, "budget_s": None, "candidates": [], "modes": {},
+            "skipped": {}, "choice": None, "swap": None, "error": None, "key": None,
+        }
+
+    def set(self, **fields: Any) -> None:
+        with self._lock:
+            self._d.update(fields)
+            snap = copy.deepcopy(self._d)
+        self._publish(snap)
+
+    def mode(self, mode: str, **fields: Any) -> None:
+        with self._lock:
+            self._d["modes"].setdefault(mode, {}).update(fields)
+            snap = copy.deepcopy(self._d)
+        self._publish(snap)
+
+    def now(self) -> float:
+        return self._clock()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return copy.deepcopy(self._d)
+
+    def _publish(self, snap: dict[str, Any]) -> None:
+        if self._path is not None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps(snap, indent=1, default=str))
+            os.replace(tmp, self._path)
+        if self._on_change is not None:
+            self._on_change(snap)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    plan: Plan  # carries its mode
+    profiles: tuple[Profile, ...]  # the usable profile of every mode that has one
+    per_mode: tuple[dict[str, Any], ...]  # each mode's best plan or why it has none
+
+
+def _shape_text(plan: Plan) -> str:
+    groups: dict[tuple[int, int], int] = {}
+    for i in plan.instances:
+        groups[(i.threads, i.batch)] = groups.get((i.threads, i.batch), 0) + 1
+    return " + ".join(f"{n}x(t{t},b{b})" for (t, b), n in groups.items())
+
+
+def describe(plan: Plan) -> str:
+    return f"{plan.mode or 'base mode'} {_shape_text(plan)}"
+
+
+def _refused_before(previous: dict[str, Any] | None, mode: str, model_id: str,
+                    fingerprint: dict[str, Any]) -> str | None:
+    if not previous:
+        return None
+    m = (previous.get("modes") or {}).get(mode) or {}
+    if m.get("state") == "refused" and m.get("model_id") == model_id and m.get("fingerprint") == fingerprint:
+        return m.get("reason")
+    return None
+
+
+def _is_refusal(message: str) -> bool:
+    return any(k in message for k in ("AccuracyGuardError", "PrecisionError", "REFUSED"))
+
+
+def tune_model(
+    base_dir: str | Path,
+    model: str,
+    state_dir: str | Path,
+    settings: TuneSettings,
+    tracker: Tracker,
+    *,
+    previous: dict[str, Any] | None = None,
+    log_dir: str | Path | None = None,
+) -> TuneResult:
+    """Guard and profile every candidate mode of `model`'s base archive, then choose; see the module doc."""
+    t0 = time.monotonic()
+    budget = settings.budget_s
+
+    def left() -> float:
+        return max(0.0, budget - (time.monotonic() - t0))
+
+    tracker.set(state="running", stage="probing", text="probing what this machine can run",
+                started=tracker.now(), batch=settings.batch, budget_s=budget)
+    archive = open_archive(base_dir)
+    caps = probe_archive(archive.directory)
+    requested = [m.strip().lower() for m in settings.modes or ()]
+    modes, skipped = candidate_modes(caps, requested or None)
+    tracker.set(candidates=modes, skipped=skipped, capabilities=caps.to_dict(),
+                model_id=archive.model_id)
+    log_dir = Path(log_dir) if log_dir else Path(state_dir) / TUNE_DIR
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    # Which modes need measuring, and which are settled already.
+    todo: list[str] = []
+    profiles: dict[str, Profile] = {}
+    for mode in modes:
+        path = profile_file(state_dir, model, mode)
+        # Points a run's budget omitted stay omitted until a fresh tune: a reused profile
+        # needs only to be valid (hash, fingerprint, complete) and to reach the batch sizes.
+        chk = check_mode_profile(path, mode, archive.model_id, archive.config)
+        fp = asdict(current_fingerprint(config_in_mode(archive.config, mode)))
+        prof_max = (chk.profile.extra.get("settings") or {}).get("max_batch", 0) if chk.profile else 0
+        refused = _refused_before(previous, mode, archive.model_id, fp)
+        if chk.usable and not settings.fresh and prof_max >= settings.profile_max_batch:
+            assert chk.profile is not None
+            profiles[mode] = chk.profile
+            tracker.mode(mode, state="reused", path=str(path), points=len(chk.profile.points))
+        elif refused and mode not in requested and not settings.fresh:
+            tracker.mode(mode, state="refused", reason=refused, model_id=archive.model_id,
+                         fingerprint=fp, note="refused earlier for this archive and machine")
+        else:
+            why = ("fresh requested" if chk.usable and settings.fresh
+                   else f"profiled up to batch {prof_max}, {settings.profile_max_batch} wanted" if chk.usable
+                   else "; ".join(chk.problems))
+            tracker.mode(mode, state="pending", path=str(path), why=why)
+            todo.append(mode)
+
+    # The archive's own mode is measured last: it already serves, and it is usually the
+    # slowest (its large batches cost the most), so a budget that runs short cuts it first.
+    todo.sort(key=lambda m: m == caps.mode)
+    for k, mode in enumerate(todo):
+        label = f"mode {k + 1} of {len(todo)} to measure"
+        remaining = left()
+        share = remaining / (len(todo) - k)
+        if share < MIN_MODE_BUDGET_S:
+            tracker.mode(mode, state="skipped", reason=f"tuning budget exhausted ({remaining:.0f} s left)")
+            continue
+        fp = asdict(current_fingerprint(config_in_mode(archive.config, mode)))
+        tracker.mode(mode, state="guarding", budget_s=round(share, 1))
+        what = ("loading it (the guard's reference)" if mode == "fp32-eager"
+                else "loading it and comparing it with fp32 eager")
+        tracker.set(stage="guarding", mode=mode, text=f"guarding {mode} ({label}): {what}, {left():.0f} s left")
+        m_started = time.monotonic()
+        guarded = threading.Event()
+
+        def on_event(ev: dict[str, Any], mode: str = mode, label: str = label) -> None:
+            if ev.get("event") == "ready" and not guarded.is_set():
+                guarded.set()
+                summary = ev.get("mode") or {}
+                tracker.mode(mode, state="profiling", guard=summary.get("guard"),
+                             build_s=summary.get("build_s"))
+                tracker.set(stage="profiling", text=f"profiling {mode} ({label}), {left():.0f} s left")
+
+        def on_update(partial: Profile, mode: str = mode, label: str = label) -> None:
+            omitted = partial.extra.get("omitted", [])
+            total = len(partial.points) + len(omitted)
+            done = total - sum(1 for o in omitted if o.get("reason") == "not measured yet")
+            tracker.mode(mode, points_done=done, points_total=total)
+            tracker.set(stage="profiling", points_done=done, points_total=total,
+                        text=f"profiling {mode} ({label}): {done} of {total} points, {left():.0f} s left")
+
+        psettings = ProfileSettings(
+            cores=settings.cores, max_batch=settings.profile_max_batch, budget_s=share,
+            point_budget_s=settings.point_budget_s,
+            batches=tune_batches(settings.batch, settings.cores, settings.profile_max_batch))
+        try:
+            prof = run_profile(archive_in_mode(archive, mode), psettings, progress=False,
+                               on_update=on_update, on_event=on_event,
+                               log_path=log_dir / f"{model}-{mode}.log")
+        except ProfileError as exc:
+            msg = str(exc)
+            state = "refused" if (_is_refusal(msg) and not guarded.is_set()) else "failed"
+            tracker.mode(mode, state=state, reason=msg[:2000], model_id=archive.model_id, fingerprint=fp,
+                         duration_s=round(time.monotonic() - m_started, 1))
+            continue
+        if not prof.points:
+            tracker.mode(mode, state="failed", reason="no point measured within its budget",
+                         duration_s=round(time.monotonic() - m_started, 1))
+            continue
+        path = profile_file(state_dir, model, mode)
+        save_profile(prof, path)
+        profiles[mode] = prof
+        tracker.mode(mode, state="profiled", path=str(path), points=len(prof.points),
+                     omitted=len([o for o in prof.extra.get("omitted", [])]),
+                     duration_s=round(time.monotonic() - m_started, 1))
+
+    tracker.set(stage="planning", mode=None, text=f"planning: best (mode, plan) for B={settings.batch}")
+    ordered = [profiles[m] for m in modes if m in profiles]
+    if not ordered:
+        raise ProfileError(f"no mode of {model} could be profiled: "
+                           + "; ".join(f"{m}: {v.get('state')} {v.get('reason', '')}"
+                                       for m, v in tracker.snapshot()["modes"].items()))
+    per_mode, best = plans_per_mode(ordered, settings.cores, settings.batch, realizable=True)
+    report = []
+    for mp in per_mode:
+        row: dict[str, Any] = {"mode": mp.mode}
+        if mp.plan is not None:
+            row.update(predicted_ms=round(mp.plan.predicted_latency_ms, 3),
+                       fat_ms=None if mp.plan.fat_latency_ms is None else round(mp.plan.fat_latency_ms, 3),
+                       shape=_shape_text(mp.plan))
+        else:
+            row["reason"] = mp.reason
+        tracker.mode(mp.mode, plan=row)
+        report.append(row)
+    if best is None or best.plan is None:
+        raise PlanError(f"no mode of {model} has a plan for B={settings.batch}: "
+                        + "; ".join(f"{r['mode']}: {r.get('reason')}" for r in report))
+    plan = replace(best.plan, mode=best.mode)
+    return TuneResult(plan=plan, profiles=tuple(ordered), per_mode=tuple(report))
+
+
+def requested_modes(modes: Sequence[str] | None) -> tuple[str, ...] | None:
+    """A request's modes as TuneSettings wants them (None or empty: the defaults)."""
+    if not modes:
+        return None
+    return tuple(m.strip().lower() for m in modes if m.strip()) or None

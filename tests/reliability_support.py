@@ -1,0 +1,31 @@
+"""Helpers for the reliability tests: a private copy of the sleep model, polling."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+SLEEP_MODEL = Path(__file__).parent / "data" / "observe" / "sleepmodel"
+
+
+def copy_sleep_model(store: Path, name: str) -> Path:
+    """The sleep model (sleeps a table latency per batch, claims its slot) as `name` in `store`."""
+    base = store / name
+    shutil.copytree(SLEEP_MODEL, base, ignore=shutil.ignore_patterns("__pycache__"))
+    manifest = json.loads((base / "MAR-INF" / "MANIFEST.json").read_text())
+    manifest["model"]["modelName"] = name
+    (base / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
+    return base
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll `cond` until it holds; AssertionError naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

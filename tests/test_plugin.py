@@ -1,0 +1,277 @@
+"""The Packrat endpoint plugin: the controller's API on TorchServe's management port.
+
+A real TorchServe loads plugin/build/packrat-plugin.jar (plugins_path from the
+repo's config.properties, scripts/build_plugin.sh builds it); a real `packrat
+controller` subprocess listens on a free loopback port that the server's
+`packrat_controller_url` names. Every call goes both ways, through
+`<management>/packrat/...` and straight to `<controller>/v1/...`, and the
+answers must agree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from packrat.profile.store import save_profile
+from packrat.server import RunningServer, free_ports
+from packrat.types import Profile, ProfilePoint
+from serving_support import start_server
+
+pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD = REPO / "scripts" / "build_plugin.sh"
+JAR = REPO / "plugin" / "build" / "packrat-plugin.jar"
+MODEL = "plug-echo"
+BODY_HEADER = "X-Packrat-Body"
+# TorchServe 0.12's refusal of a missing or wrong key: TokenAuthorizationHandler
+# throws InvalidKeyException, which its HttpRequestHandler maps to 400.
+REFUSED = (400, "InvalidKeyException")
+
+
+class Controller:
+    """One `packrat controller` subprocess on a fixed port; restartable."""
+
+    def __init__(self, server: RunningServer, store: Path, state: Path, port: int) -> None:
+        self.server, self.store, self.state, self.port = server, store, state, port
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        cmd = [
+            sys.executable, "-m", "packrat.cli", "controller",
+            "--management-url", self.server.management_url,
+            "--metrics-url", self.server.metrics_url,
+            "--key-file", str(self.server.key_file),
+            "--model-store", str(self.store),
+            "--state-dir", str(self.state),
+            "--cores", "0-1",
+            "--port", str(self.port),
+            # The re-plan loop runs (its adapt endpoints answer), but never swaps on its own here.
+            "--min-dwell", "86400",
+            "--no-tune",
+        ]
+        log = open(self.state / "controller.out", "ab")
+        env = dict(os.environ, PACKRAT_SLOT_DIR=str(self.server.slot_dir))
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.state / "controller.out").read_text()
+            try:
+                requests.get(f"{self.url}/metrics", timeout=2)
+                return
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        raise AssertionError("controller did not come up")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    subprocess.run([str(BUILD)], check=True)
+    if not JAR.exists():
+        pytest.skip("javac not found: the plugin was not built (scripts/build_plugin.sh)")
+    from packrat.archive import build_named
+
+    store = tmp_path_factory.mktemp("plug-store")
+    build_named("noop", store, MODEL)
+    port = free_ports(1)[0]
+    # The repo's config.properties: its plugins_path loads the plugin.
+    server = start_server(store, tmp_path_factory.mktemp("plug-ts"),
+                          extra_properties={"packrat_controller_url": f"http://127.0.0.1:{port}"})
+    ctl = Controller(server, store, tmp_path_factory.mktemp("plug-state"), port)
+    try:
+        server.management_client().register(MODEL, MODEL, 1)
+        ctl.start()
+        yield server, ctl
+    finally:
+        ctl.kill()
+        server.stop()
+
+
+def via_plugin(server: RunningServer, method: str, path: str, body: object = None,
+               headers: dict | None = None, timeout: float = 300) -> requests.Response:
+    """A call to <management>/packrat<path>, its JSON body in the X-Packrat-Body header."""
+    h = dict(server.management_headers() if headers is None else headers)
+    if body is not None:
+        h[BODY_HEADER] = json.dumps(body)
+    return requests.request(method, f"{server.management_url}/packrat{path}", headers=h, timeout=timeout)
+
+
+def both(server: RunningServer, ctl: Controller, method: str, path: str,
+         body: object = None) -> tuple[requests.Response, requests.Response]:
+    """The same call through the plugin and straight to the controller (body as the body)."""
+    a = via_plugin(server, method, path, body)
+    b = requests.request(method, f"{ctl.url}/v1{path}", json=body, headers=server.management_headers(),
+                         timeout=300)
+    return a, b
+
+
+def assert_same(a: requests.Response, b: requests.Response) -> None:
+    assert (a.status_code, a.headers.get("content-type"), a.content) == (
+        b.status_code, b.headers.get("content-type"), b.content)
+
+
+def test_plugin_answers_as_the_controller_port(stack) -> None:
+    server, ctl = stack
+    # The same bytes, status and content type for reads, computed plans and errors.
+    save_profile(Profile(model_id="test", points=tuple(
+        ProfilePoint(threads=t, batch=b, mean_ms=10.0 * b / t) for t in (1, 2) for b in (1, 2))),
+        ctl.state / "profiles" / f"{MODEL}.json")
+    calls = [
+        ("GET", "/models", None, 200),
+        ("POST", f"/models/{MODEL}/plan", {"batch": 2}, 200),
+        ("POST", f"/models/{MODEL}/plan", {"batch": 0}, 422),  # the body reaches the controller
+        ("GET", "/models/no-such-model/status", None, 404),
+        ("GET", "/swaps?last=1", None, 200),  # the query too
+        ("GET", "/jobs/nope", None, 404),
+    ]
+    for method, path, body, code in calls:
+        a, b = both(server, ctl, method, path, body)
+        assert a.status_code == code, (path, a.text)
+        assert_same(a, b)
+
+    # Apply through the plugin: the controller swapped, and says the same on its own port.
+    r = via_plugin(server, "POST", f"/models/{MODEL}/apply", {"instances": [{"threads": 1, "batch": 1}]})
+    assert r.status_code == 200, r.text
+    swap = r.json()["swap"]
+    assert swap["outcome"] == "applied"
+    a, b = both(server, ctl, "GET", "/swaps?last=1")
+    assert_same(a, b)
+    assert a.json() == [swap]
+    a, b = both(server, ctl, "GET", f"/models/{MODEL}/status")
+    assert a.status_code == 200 and a.headers["content-type"] == b.headers["content-type"]
+    # Worker memory, the observed-latency window and the re-plan loop's decisions (one
+    # per tick) move between two calls: compare the rest.
+    sa, sb = a.json(), b.json()
+    for s in (sa, sb):
+        s.pop("observed")
+        s["adapt"] = s["adapt"]["enabled"]
+        for w in s["workers"]:
+            w.pop("memoryUsage", None)
+    assert sa == sb and sa["version"] == swap["to_version"]
+
+    # Adapt: PUT with a body, then both ports report it.
+    a, b = both(server, ctl, "PUT", f"/models/{MODEL}/adapt", {"enabled": False})
+    assert a.status_code == 200, a.text
+    assert_same(a, b)
+    a, b = both(server, ctl, "GET", f"/models/{MODEL}/adapt")
+    assert (a.status_code, a.json()["enabled"]) == (b.status_code, b.json()["enabled"]) == (200, False)
+
+    # Profile: a background job through the plugin, polled through the plugin.
+    r = via_plugin(server, "POST", f"/models/{MODEL}/profile", {"max_batch": 1, "budget_s": 20, "cores": 1})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    deadline = time.monotonic() + 120
+    while job["state"] in ("queued", "running") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        job = via_plugin(server, "GET", f"/jobs/{job['id']}").json()
+    assert job["state"] == "done", job
+    a, b = both(server, ctl, "GET", f"/jobs/{job['id']}")
+    assert_same(a, b)
+
+    # /packrat/metrics is the controller's /metrics (Prometheus text).
+    a = via_plugin(server, "GET", "/metrics")
+    b = requests.get(f"{ctl.url}/metrics", timeout=30)
+    assert a.status_code == 200 and a.headers["content-type"] == b.headers["content-type"]
+    assert "packrat_adapt_enabled" in a.text
+
+
+def test_refused_without_the_management_key(stack) -> None:
+    server, ctl = stack
+    swaps = requests.get(f"{ctl.url}/v1/swaps", headers=server.management_headers(), timeout=30).json()
+    wrong = [{}, {"Authorization": "Bearer nope"}, server.inference_headers(),
+             {"Authorization": server.management_headers()["Authorization"].replace("Bearer", "Basic")}]
+    for headers in wrong:
+        for method, path, body in [("GET", f"/models/{MODEL}/status", None),
+                                   ("POST", f"/models/{MODEL}/apply", {"instances": [{"threads": 2, "batch": 1}]})]:
+            r = via_plugin(server, method, path, body, headers=headers, timeout=30)
+            assert (r.status_code, r.json().get("type")) == REFUSED, (headers, r.status_code, r.text)
+    # Nothing reached the controller's apply.
+    assert requests.get(f"{ctl.url}/v1/swaps", headers=server.management_headers(), timeout=30).json() == swaps
+
+
+def test_a_request_body_is_refused_not_forwarded(stack) -> None:
+    """TorchServe 0.12 frees a plugin request's body before the plugin runs: the
+    plugin refuses every body (400 naming the header to use), never forwards one."""
+    server, ctl = stack
+    swaps = requests.get(f"{ctl.url}/v1/swaps", headers=server.management_headers(), timeout=30).json()
+    for _ in range(5):  # reading it would sometimes work: refusing must be every time
+        r = requests.post(f"{server.management_url}/packrat/models/{MODEL}/apply",
+                          json={"instances": [{"threads": 2, "batch": 1}]},
+                          headers=server.management_headers(), timeout=30)
+        assert r.status_code == 400 and r.json()["type"] == "BodyNotSupported", r.text
+        assert BODY_HEADER in r.json()["message"]
+    assert requests.get(f"{ctl.url}/v1/swaps", headers=server.management_headers(), timeout=30).json() == swaps
+    # No body (POST with defaults) is fine: the controller answers (here: no such job route body needed).
+    r = via_plugin(server, "POST", "/models/no-such-model/profile")
+    assert r.status_code == 404 and "no-such-model" in r.json()["detail"]
+
+
+def test_controller_stopped_503_and_inference_continues(stack) -> None:
+    server, ctl = stack
+    ctl.kill()
+    try:
+        r = requests.get(f"{server.management_url}/packrat/models/{MODEL}/status",
+                         headers=server.management_headers(), timeout=30)
+        assert r.status_code == 503 and r.headers["content-type"].startswith("application/json"), r.text
+        assert "not reachable" in r.json()["message"] and ctl.url in r.json()["message"]
+        # A call without the key is still TorchServe's refusal: it never got to the plugin.
+        r = requests.get(f"{server.management_url}/packrat/models/{MODEL}/status", timeout=30)
+        assert (r.status_code, r.json().get("type")) == REFUSED
+        # TorchServe serves on: inference and its own management API.
+        r = requests.post(f"{server.inference_url}/predictions/{MODEL}", data=b"still here",
+                          headers=server.inference_headers(), timeout=60)
+        assert (r.status_code, r.content) == (200, b"still here")
+        assert requests.get(f"{server.management_url}/models", headers=server.management_headers(),
+                            timeout=30).status_code == 200
+    finally:
+        ctl.start()
+    r = requests.get(f"{server.management_url}/packrat/models/{MODEL}/status",
+                     headers=server.management_headers(), timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_make_rebuilds_the_jar_when_a_source_changes() -> None:
+    source = next((REPO / "plugin" / "src").rglob("*.java"))
+    rel_jar = JAR.relative_to(REPO)
+    # -q: exit 1 if the target would be remade; -W: as if the source had just changed.
+    changed = subprocess.run(["make", "-q", "-W", str(source.relative_to(REPO)), str(rel_jar)], cwd=REPO)
+    assert changed.returncode == 1
+
+
+def test_build_without_javac_says_so_and_succeeds(tmp_path: Path) -> None:
+    """Only a Java runtime: the build prints what to install and exits 0 (setup goes on)."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(BUILD, tmp_path / "scripts")
+    shutil.copytree(REPO / "plugin" / "src", tmp_path / "plugin" / "src")
+    shutil.copytree(REPO / "plugin" / "resources", tmp_path / "plugin" / "resources")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname", "find", "cat", "java"):
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    r = subprocess.run([str(tmp_path / "scripts" / "build_plugin.sh")], env={"PATH": str(bin_dir)},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "javac not found" in r.stderr and "8085" in r.stderr
+    assert not (tmp_path / "plugin" / "build").exists()

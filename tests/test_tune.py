@@ -1,0 +1,339 @@
+"""Tuning (issue 12): the controller takes a model to its fastest measured (mode, shape) by itself.
+
+End to end on a tiny BERT through a real TorchServe (token auth on) and a real
+`packrat controller` subprocess with tuning on (the default), under continuous
+load: two modes are guarded and profiled, a third is refused by its accuracy
+guard and never served, the faster (mode, plan) goes live by a swap with no
+failed request; a profile whose fingerprint no longer matches is re-profiled,
+never planned from. The pure parts (candidate modes, the re-tune rule, the
+plan's mode in a version directory, candidates across modes) are checked
+without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from packrat.apply import versions
+from packrat.autotune import why_tune
+from packrat.bench.loadcheck import ContinuousLoad
+from packrat.plan import mode_candidates, realizable_plan, same_shape
+from packrat.profile.probe import Capabilities
+from packrat.server import free_ports
+from packrat.tune import candidate_modes
+from packrat.types import Fingerprint, Instance, Plan, Profile, ProfilePoint
+from serving_support import start_server
+
+MODEL = "tt-bert"
+# fp32-eager is the archive's own mode (the guard's reference); fp32-torchscript
+# agrees with it to float rounding (~1e-7 in probability), int8 dynamic quantisation
+# does not (~1e-4 on tiny-bert): this threshold passes the one and refuses the other.
+GUARD = {"max_prob_diff": 1e-5}
+MODES = ["fp32-torchscript", "int8-eager"]
+
+
+# -- pure parts ----------------------------------------------------------------------
+
+def _caps(task: str, bf16: str | None = None, unavailable: dict | None = None) -> Capabilities:
+    runtimes = ("eager", "torchscript", "inductor", "onnxruntime", "openvino")
+    unavailable = unavailable or {}
+    return Capabilities(task=task, mode="fp32-eager", runtimes=tuple(r for r in runtimes if r not in unavailable),
+                        bf16=bf16, unavailable=unavailable)
+
+
+def test_candidate_modes_follow_the_machine_and_the_task() -> None:
+    # A CPU with native bf16 and both runtimes: the archive's own mode first, then the short list.
+    modes, skipped = candidate_modes(_caps("text-classification"))
+    assert modes[0] == "fp32-eager" and "bf16-openvino" in modes and not skipped
+    # No native bf16 and no OpenVINO: neither is offered, each with its reason.
+    caps = _caps("image-classification", bf16="no avx512_bf16", unavailable={"openvino": "openvino is not installed"})
+    modes, skipped = candidate_modes(caps)
+    assert modes == ["fp32-eager"] and skipped["bf16-openvino"] == "no avx512_bf16"
+    modes, skipped = candidate_modes(caps, ["fp32-openvino", "fp32-torchscript"])
+    assert modes == ["fp32-eager", "fp32-torchscript"] and "not installed" in skipped["fp32-openvino"]
+    # GPT-2: eager only, over precision, even when every mode is asked for.
+    modes, skipped = candidate_modes(_caps("text-generation"), ["all"])
+    assert modes == ["fp32-eager", "bf16-eager", "int8-eager"]
+    assert "eager only" in skipped["fp32-openvino"]
+    # Modes ONNX Runtime / inductor cannot run are never candidates.
+    modes, skipped = candidate_modes(_caps("text-classification"), ["all"])
+    assert "bf16-onnxruntime" in skipped and "int8-inductor" in skipped
+    assert "int8-onnxruntime" in modes and "bf16-inductor" in modes
+
+
+def test_retune_rule() -> None:
+    key = {"base": "m", "model_id": "sha256:a", "machine": {"cpu_model": "X"}}
+    assert why_tune(None, key, running=False) == "never tuned"
+    assert why_tune({"state": "done", "key": key}, key, running=False) is None
+    assert why_tune({"state": "failed", "key": key}, key, running=False) is None  # not in a loop
+    assert why_tune({"state": "done", "key": dict(key, model_id="sha256:b")}, key, False) == "new archive version"
+    assert why_tune({"state": "done", "key": dict(key, base="m2")}, key, False) == "new archive version"
+    assert why_tune({"state": "done", "key": dict(key, machine={"cpu_model": "Y"})}, key, False) \
+        == "machine fingerprint changed"
+    assert why_tune({"state": "running", "key": None}, key, running=False) == "never finished"
+    assert why_tune(None, key, running=True) is None
+
+
+def test_plan_mode_round_trips_and_a_version_runs_it(tmp_path: Path, tiny_store: Path) -> None:
+    plan = Plan(cores=2, batch=4, instances=(Instance(1, 2, 5.0),) * 2, predicted_latency_ms=5.0,
+                mode="bf16-openvino")
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    assert "mode" not in replace(plan, mode=None).to_dict()  # the older wire format is unchanged
+    shutil.copytree(tiny_store / "tiny-bert", tmp_path / "base")
+    vdir = versions.create_version(tmp_path, "base", "m", plan, [0, 1])
+    cfg = yaml.safe_load((vdir.path / "model_config.yaml").read_text())
+    assert (cfg["packrat"]["precision"], cfg["packrat"]["runtime"]) == ("bf16", "openvino")
+    assert versions.load_version(vdir.path).plan.mode == "bf16-openvino"
+    assert versions.served_mode(vdir.path) == "bf16-openvino" and versions.served_mode(tmp_path / "base") == "fp32-eager"
+    # Same shape in another mode is another plan; a plan without a mode matches any.
+    assert not same_shape(plan, replace(plan, mode="fp32-eager")) and same_shape(plan, replace(plan, mode=None))
+
+
+def test_tunes_and_profiles_take_turns_in_order() -> None:
+    """Measuring jobs wait as "queued" and run one at a time, first come first served;
+    a second tune of the same model is refused while one is unfinished."""
+    import threading
+
+    from packrat.errors import BusyError
+    from packrat.jobs import Jobs, Turns
+
+    jobs, turns, gate, order = Jobs(), Turns(), threading.Event(), []
+
+    def work(name: str):
+        def run() -> dict:
+            if name == "a":
+                gate.wait(10)
+            order.append(name)
+            return {}
+        return run
+
+    a = jobs.start("tune", "m1", work("a"), per_model=True, turns=turns)
+    b = jobs.start("tune", "m2", work("b"), per_model=True, turns=turns)
+    c = jobs.start("profile", "m1", work("c"), turns=turns)
+    with pytest.raises(BusyError):
+        jobs.start("tune", "m1", work("x"), per_model=True, turns=turns)
+    time.sleep(0.2)
+    assert (a.state, b.state, c.state) == ("running", "queued", "queued")
+    gate.set()
+    deadline = time.monotonic() + 10
+    while c.state != "done" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert order == ["a", "b", "c"]
+
+
+def _profile(mode: str, scale: float) -> Profile:
+    fp = Fingerprint("cpu", 2, "glibc", "2.13.0", mode)
+    pts = tuple(ProfilePoint(t, b, scale * b / (1.6 if t == 2 else 1.0)) for t in (1, 2) for b in (1, 2, 4))
+    return Profile("sha256:x", pts, fp)
+
+
+def test_replan_candidates_span_modes() -> None:
+    slow, fast = _profile("fp32-eager", 10.0), _profile("bf16-openvino", 4.0)
+    current = replace(realizable_plan(slow, 2, 4), mode="fp32-eager")
+    cands, current_ms, plan_b = mode_candidates([slow, fast], 2, 4, current)
+    assert plan_b == 4 and cands[0].mode == "bf16-openvino"  # the fastest mode's plan first
+    assert {c.mode for c in cands} == {"fp32-eager", "bf16-openvino"}
+    assert current_ms == pytest.approx(current.predicted_latency_ms)  # scored with its own mode's profile
+
+
+def test_replan_loop_moves_across_modes_with_its_hysteresis() -> None:
+    """The controller's re-plan loop, fed per-mode profiles as the controller builds its
+    TickContext: at B=1 the same shape in the 3x faster mode is a swap; once it runs, no
+    swap back (same plan)."""
+    from packrat.observe.loop import AdaptiveLoop, adapt_settings
+    from packrat.types import Observation, TickContext
+
+    fast, slow = _profile("bf16-openvino", 30.0), _profile("fp32-eager", 90.0)
+    plan = replace(realizable_plan(slow, 2, 1), mode="fp32-eager")
+    loop, state, lines = AdaptiveLoop(adapt_settings(), emit=[].append), {}, []
+    t, req, lat, version = 1000.0, 0.0, 0.0, "p1"
+    for _ in range(30):
+        t, req, lat = t + 1, req + 10, lat + 1e6  # one request of 100 ms in flight: B = 1
+        ctx = TickContext(now=t, model="m", version=version, plan=plan, cores=2, profile_path=None,
+                          observation=Observation(t, "m", req, lat, 0.0), profiles=(slow, fast))
+        target, state = loop(ctx, state)
+        lines.append(loop.decisions("m", 1)[-1]["reason"])
+        if target is not None:
+            assert target.mode == "bf16-openvino" and target.shape == plan.shape
+            plan, version = target, "p2"  # the swap landed
+    assert lines.count("gain") == 1 and lines[-1] == "same-plan", lines
+
+
+# -- through TorchServe ----------------------------------------------------------------
+
+
+class Ctl:
+    """One `packrat controller` subprocess, tuning on (the default)."""
+
+    def __init__(self, server, store: Path, state: Path, extra: list[str]) -> None:
+        self.server, self.store, self.state, self.extra = server, store, state, extra
+        self.port = free_ports(1)[0]
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "packrat.cli", "controller",
+               "--management-url", self.server.management_url, "--metrics-url", self.server.metrics_url,
+               "--key-file", str(self.server.key_file), "--model-store", str(self.store),
+               "--state-dir", str(self.state), "--cores", "0-1", "--port", str(self.port),
+               "--no-adapt", *self.extra]
+        env = dict(os.environ, PACKRAT_SLOT_DIR=str(self.server.slot_dir))
+        log = open(self.state / "controller.out", "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.state / "controller.out").read_text()
+            try:
+                requests.get(f"{self.url}/metrics", timeout=2)
+                return
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        raise AssertionError("controller did not come up")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def get(self, path: str) -> requests.Response:
+        return requests.get(f"{self.url}{path}", headers=self.server.management_headers(), timeout=60)
+
+    def post(self, path: str, body=None, **kw) -> requests.Response:
+        return requests.post(f"{self.url}{path}", headers=self.server.management_headers(), timeout=60,
+                             **({"json": body} if body is not None else {}), **kw)
+
+    def wait_tune(self, timeout_s: float = 420.0, seen: list | None = None) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            tune = self.get(f"/v1/models/{MODEL}/tune").json()["tune"]
+            if seen is not None and tune:
+                seen.append(tune.get("text"))
+            if tune and tune.get("state") in ("done", "failed"):
+                return tune
+            time.sleep(0.25)
+        raise AssertionError(f"tune did not finish: {tune}\n{(self.state / 'controller.out').read_text()[-3000:]}")
+
+
+def _stale_profile(archive: Path) -> Profile:
+    """A profile of the archive's own mode measured "elsewhere": the right archive hash,
+    another CPU in its fingerprint, and implausibly fast points (planning from it would
+    make fp32-eager win everything)."""
+    from packrat.profile import current_fingerprint, open_archive
+
+    ref = open_archive(archive)
+    fp = replace(current_fingerprint(ref.config), cpu_model="another CPU")
+    pts = tuple(ProfilePoint(t, b, 0.001) for t in (1, 2) for b in (1, 2))
+    return Profile(ref.model_id, pts, fp, extra={"settings": {"max_batch": 2}, "complete": True})
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
+    from packrat.profile import save_profile
+
+    store = tmp_path_factory.mktemp("tune-store")
+    shutil.copytree(tiny_store / "tiny-bert", store / MODEL)
+    cfg_path = store / MODEL / "model_config.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg["packrat"]["guard"] = GUARD
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    manifest = json.loads((store / MODEL / "MAR-INF" / "MANIFEST.json").read_text())
+    manifest["model"]["modelName"] = MODEL
+    (store / MODEL / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
+    state = tmp_path_factory.mktemp("tune-state")
+    save_profile(_stale_profile(store / MODEL), state / "profiles" / MODEL / "fp32-eager.json")
+    server = start_server(store, tmp_path_factory.mktemp("tune-ts"))
+    # Small tiny-model settings: batches 1 and 2, 1 s per point.
+    extra = [arg for m in MODES for arg in ("--tune-mode", m)] + [
+        "--tune-budget", "300", "--tune-batch", "2", "--tune-max-batch", "2", "--tune-point-budget", "1"]
+    ctl = Ctl(server, store, state, extra)
+    try:
+        server.management_client().register(MODEL, MODEL, 1)
+        yield server, ctl, store
+    finally:
+        ctl.kill()
+        server.stop()
+
+
+def test_tuned_by_default_under_load(stack) -> None:
+    server, ctl, store = stack
+    load = ContinuousLoad(url=f"{server.inference_url}/predictions/{MODEL}", headers=server.inference_headers(),
+                          bodies=[json.dumps({"text": f"tuning under load {i}"}).encode() for i in range(4)],
+                          check=lambda i, body: b'"label"' in body, clients=2)
+    seen: list[str] = []
+    with load:
+        ctl.start()  # nothing asked: the controller tunes the new model by itself
+        tune = ctl.wait_tune(seen=seen)
+        assert not load.wait_progress(time.monotonic())  # still answered after the swap
+    samples = load.samples
+    print(json.dumps(tune, indent=1), "\n".join(seen[::10]))  # shown with -s, or when a test fails
+    assert tune["state"] == "done", json.dumps(tune, indent=1)
+    assert tune["trigger"] == "auto: never tuned"
+    assert samples and not [s for s in samples if not s.ok], [s for s in samples if not s.ok][:3]
+    # Progress was visible while it ran: k of N points, time left.
+    assert any(t and t.startswith("profiling ") and " points, " in t and "s left" in t for t in seen), seen
+
+    modes = tune["modes"]
+    # The stale profile (another CPU) was re-profiled, never planned from.
+    assert modes["fp32-eager"]["state"] == "profiled" and "cpu_model" in modes["fp32-eager"]["why"]
+    fresh = json.loads((ctl.state / "profiles" / MODEL / "fp32-eager.json").read_text())
+    assert fresh["fingerprint"]["cpu_model"] != "another CPU" and min(p["mean_ms"] for p in fresh["points"]) > 0.01
+    assert modes["fp32-torchscript"]["state"] == "profiled" and modes["fp32-torchscript"]["guard"]["ok"] is True
+    # The refused mode: recorded with the guard's numbers, no profile, never served.
+    assert modes["int8-eager"]["state"] == "refused"
+    assert "REFUSED int8-eager" in modes["int8-eager"]["reason"] and "max prob diff" in modes["int8-eager"]["reason"]
+    profiles = ctl.state / "profiles" / MODEL
+    assert sorted(p.name for p in profiles.glob("*.json")) == ["fp32-eager.json", "fp32-torchscript.json"]
+
+    # The faster of the two is live: the lower predicted latency at the tuned batch.
+    rows = {m: v["plan"] for m, v in modes.items() if v.get("plan", {}).get("predicted_ms") is not None}
+    assert set(rows) == {"fp32-eager", "fp32-torchscript"}
+    fastest = min(rows, key=lambda m: rows[m]["predicted_ms"])
+    assert tune["choice"]["mode"] == fastest
+    st = ctl.get(f"/v1/models/{MODEL}/status").json()
+    assert st["mode"] == fastest and st["tune"]["stage"] == "applied"
+    assert all(w["as_planned"] for w in st["workers"])
+    cfg = yaml.safe_load((store / st["url"] / "model_config.yaml").read_text())
+    assert f"{cfg['packrat']['precision']}-{cfg['packrat']['runtime']}" == fastest
+    history = ctl.get("/v1/swaps").json()
+    assert history and all((h["plan"].get("mode") or "fp32-eager") != "int8-eager" for h in history)
+
+
+def test_retune_on_request_reuses_valid_profiles(stack) -> None:
+    server, ctl, _ = stack
+    before = ctl.get(f"/v1/models/{MODEL}/status").json()
+    r = ctl.post(f"/v1/models/{MODEL}/tune", {"modes": ["fp32-torchscript"], "batch": 2, "max_batch": 2,
+                                               "point_budget_s": 1})
+    assert r.status_code == 202, r.text
+    # An empty body is the defaults (not 422): refused here only because this model's tune runs.
+    busy = ctl.post(f"/v1/models/{MODEL}/tune")
+    assert busy.status_code == 409, busy.text
+    assert ctl.post("/v1/models/no-such/tune").status_code == 404
+    assert ctl.post("/v1/models/no-such/profile").status_code == 404
+    tune = ctl.wait_tune()
+    assert tune["state"] == "done" and tune["trigger"] == "request", json.dumps(tune, indent=1)
+    assert {m: v["state"] for m, v in tune["modes"].items()} == {"fp32-eager": "reused", "fp32-torchscript": "reused"}
+    assert tune["swap"]["outcome"] == "already live"
+    after = ctl.get(f"/v1/models/{MODEL}/status").json()
+    assert (after["version"], after["mode"]) == (before["version"], before["mode"])
+    # The CLI shows the same: version, live mode, shape, stage, and the per-mode table.
+    out = subprocess.run([sys.executable, "-m", "packrat.cli", "status", MODEL, "--modes", "--api", ctl.url,
+                          "--key-file", str(server.key_file)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    first = out.stdout.splitlines()[0].split()
+    assert first[:3] == [MODEL, after["version"], after["mode"]] and "applied" in out.stdout
+    assert "fp32-torchscript" in out.stdout and "reused" in out.stdout
