@@ -171,6 +171,25 @@ class SwapTask:
     error: BaseException | None = None
 
 
+def _read_state(path: Path) -> dict[str, Any]:
+    """A JSON object from the state dir; {} when missing or unreadable (a restart starts afresh)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_state(path: Path, data: dict[str, Any]) -> None:
+    """Write-then-rename with fsync: a crash leaves the old file or the new one, never half."""
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=1, default=str))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def _flock(path: Path, busy: str) -> int:
     """Take an exclusive flock on `path` (never through a symlink); ConfigError(busy) if held."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -278,7 +297,7 @@ class Controller:
             vdir = versions.load_version(live) if (live / versions.MANIFEST).exists() else None
             if vdir is not None:
                 last[name] = {"version": default_version, "url": default_url, "plan": vdir.plan.to_dict()}
-        self._save_last_plans(last)
+        _write_state(self.state_dir / LAST_PLANS_FILE, last)
         return cleaned
 
     # -- reading state ------------------------------------------------------------
@@ -554,9 +573,6 @@ class Controller:
         return tracker.snapshot()
 
     # -- acting -------------------------------------------------------------------
-    def swap_busy(self) -> bool:
-        return self._swap_lock.locked()
-
     def start_swap(self, model: str, plan: Plan) -> SwapTask:
         """Start swapping `model` to `plan` on the swap thread and return at once.
 
@@ -637,26 +653,13 @@ class Controller:
 
     # -- the last applied plan, and TorchServe restarts -------------------------------
     def _last_plans(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = json.loads((self.state_dir / LAST_PLANS_FILE).read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def _save_last_plans(self, plans: dict[str, dict[str, Any]]) -> None:
-        path = self.state_dir / LAST_PLANS_FILE
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(json.dumps(plans, indent=1))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        return _read_state(self.state_dir / LAST_PLANS_FILE)
 
     def _remember(self, record: SwapRecord) -> None:
         plans = self._last_plans()
         plans[record.model] = {"version": record.to_version, "url": f"{record.model}.{record.to_version}",
                                "plan": record.plan.to_dict()}
-        self._save_last_plans(plans)
+        _write_state(self.state_dir / LAST_PLANS_FILE, plans)
 
     def watch(self, models: Sequence[str]) -> list[str]:
         """Apply the last plan again where its version is no longer loaded; returns those models.
@@ -706,17 +709,10 @@ class Controller:
 
     # -- the policy seam -------------------------------------------------------------
     def policy_state(self) -> dict[str, Any]:
-        path = self.state_dir / POLICY_STATE_FILE
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {}
+        return _read_state(self.state_dir / POLICY_STATE_FILE)
 
     def _save_policy_state(self, state: dict[str, Any]) -> None:
-        path = self.state_dir / POLICY_STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1, default=str))
-        os.replace(tmp, path)
+        _write_state(self.state_dir / POLICY_STATE_FILE, state)
 
     def tick(self) -> list[str]:
         """One round: the restart watch, then the policy over every model.

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -46,3 +51,66 @@ def predict_together(server: RunningServer, name: str, payloads: list[dict]) -> 
     with ThreadPoolExecutor(len(payloads)) as pool:
         futures = [pool.submit(predict, server, name, **p) for p in payloads]
         return [f.result() for f in futures]
+
+
+class ControllerProcess:
+    """One `packrat controller` subprocess attached to a test server; restartable.
+
+    `extra` are the test's own flags (e.g. --no-adapt, --no-tune). It reads
+    the workers' status files in the server's own slot directory, and is
+    killed with its whole process group (profiling workers included).
+    """
+
+    def __init__(self, server: RunningServer, store: Path, state: Path, extra: list[str],
+                 port: int | None = None, ready_path: str = "/metrics", start_timeout_s: float = 180.0) -> None:
+        from packrat.server import free_ports
+
+        self.server, self.store, self.state, self.extra = server, store, state, list(extra)
+        self.port = port if port is not None else free_ports(1)[0]
+        self.ready_path, self.start_timeout_s = ready_path, start_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def spawn(self, state: Path | None = None, port: int | None = None) -> subprocess.Popen:
+        """Start a controller process (on another state dir or port if given); do not wait."""
+        state = state or self.state
+        cmd = [sys.executable, "-m", "packrat.cli", "controller",
+               "--management-url", self.server.management_url, "--metrics-url", self.server.metrics_url,
+               "--key-file", str(self.server.key_file), "--model-store", str(self.store),
+               "--state-dir", str(state), "--cores", "0-1", "--port", str(port or self.port), *self.extra]
+        state.mkdir(parents=True, exist_ok=True)
+        log = open(state / "controller.out", "ab")
+        env = dict(os.environ, PACKRAT_SLOT_DIR=str(self.server.slot_dir))
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def start(self) -> None:
+        """Spawn and wait until the API answers (a hang guard, not a speed bound: imports
+        alone take long on a busy machine)."""
+        self.proc = self.spawn()
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log()
+            try:
+                requests.get(f"{self.url}{self.ready_path}", timeout=2)
+                return
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        raise AssertionError(f"controller did not come up\n{self.log()}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def log(self, tail: int = 3000) -> str:
+        return (self.state / "controller.out").read_text()[-tail:]
+
+    def headers(self) -> dict[str, str]:
+        return self.server.management_headers()
+
+    def get(self, path: str, **kw) -> requests.Response:
+        kw.setdefault("timeout", 60)
+        return requests.get(f"{self.url}{path}", headers=self.headers(), **kw)

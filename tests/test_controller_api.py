@@ -8,11 +8,7 @@ archive (fast worker start); the profile endpoint runs the real profiler on it.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,11 +16,10 @@ import pytest
 import requests
 
 from packrat.bench.loadcheck import ContinuousLoad
-from packrat.server import free_ports
 from packrat.plan import realizable_plan
 from packrat.profile.store import save_profile
 from packrat.types import Profile, ProfilePoint
-from serving_support import start_server
+from serving_support import ControllerProcess, start_server
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -47,55 +42,13 @@ def stack(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
         server.stop()
 
 
-class Ctl:
+class Ctl(ControllerProcess):
     """One `packrat controller` subprocess; restartable."""
 
     def __init__(self, server, store: Path, state: Path) -> None:
-        self.server, self.store, self.state = server, store, state
-        self.port = free_ports(1)[0]
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        cmd = [
-            sys.executable, "-m", "packrat.cli", "controller",
-            "--management-url", self.server.management_url,
-            "--metrics-url", self.server.metrics_url,
-            "--key-file", str(self.server.key_file),
-            "--model-store", str(self.store),
-            "--state-dir", str(self.state),
-            "--cores", "0-1",
-            "--port", str(self.port),
-            # The re-plan loop (issue 5) has its own tests; here every swap is one the test asked for.
-            "--no-adapt",
-            # Tuning (issue 12, tests/test_tune.py) would swap on its own.
-            "--no-tune",
-        ]
-        log = open(self.state / "controller.out", "ab")
-        # The controller reads the workers' status files where this server's workers write them.
-        env = dict(os.environ, PACKRAT_SLOT_DIR=str(self.server.slot_dir))
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 180  # a hang guard: imports alone take long on a busy machine
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.state / "controller.out").read_text()
-            try:
-                requests.get(f"{self.url}/v1/models", timeout=2)
-                return
-            except requests.ConnectionError:
-                time.sleep(0.2)
-        raise AssertionError("controller did not come up")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def headers(self) -> dict[str, str]:
-        return self.server.management_headers()
+        # The re-plan loop (issue 5) has its own tests; here every swap is one the test asked for.
+        # Tuning (issue 12, tests/test_tune.py) would swap on its own.
+        super().__init__(server, store, state, ["--no-adapt", "--no-tune"], ready_path="/v1/models")
 
     def get(self, path: str, **kw) -> requests.Response:
         return requests.get(f"{self.url}{path}", headers=kw.pop("headers", self.headers()), timeout=120, **kw)

@@ -34,6 +34,8 @@ import pytest
 import requests
 import yaml
 
+from packrat.server import free_ports
+
 REPO = Path(__file__).resolve().parents[1]
 KUBE = REPO / "deploy" / "kubernetes"
 BASE, AUTOSCALE = KUBE / "base", KUBE / "autoscale"
@@ -360,19 +362,6 @@ def test_entrypoint_is_valid_bash() -> None:
 
 
 # -- the proxy in a real nginx ---------------------------------------------------------
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def substitute_keys(template: str, values: dict[str, str]) -> str:

@@ -11,11 +11,8 @@ answers must agree.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +22,7 @@ import requests
 from packrat.profile.store import save_profile
 from packrat.server import RunningServer, free_ports
 from packrat.types import Profile, ProfilePoint
-from serving_support import start_server
+from serving_support import ControllerProcess, start_server
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -39,49 +36,12 @@ BODY_HEADER = "X-Packrat-Body"
 REFUSED = (400, "InvalidKeyException")
 
 
-class Controller:
+class Controller(ControllerProcess):
     """One `packrat controller` subprocess on a fixed port; restartable."""
 
     def __init__(self, server: RunningServer, store: Path, state: Path, port: int) -> None:
-        self.server, self.store, self.state, self.port = server, store, state, port
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        cmd = [
-            sys.executable, "-m", "packrat.cli", "controller",
-            "--management-url", self.server.management_url,
-            "--metrics-url", self.server.metrics_url,
-            "--key-file", str(self.server.key_file),
-            "--model-store", str(self.store),
-            "--state-dir", str(self.state),
-            "--cores", "0-1",
-            "--port", str(self.port),
-            # The re-plan loop runs (its adapt endpoints answer), but never swaps on its own here.
-            "--min-dwell", "86400",
-            "--no-tune",
-        ]
-        log = open(self.state / "controller.out", "ab")
-        env = dict(os.environ, PACKRAT_SLOT_DIR=str(self.server.slot_dir))
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.state / "controller.out").read_text()
-            try:
-                requests.get(f"{self.url}/metrics", timeout=2)
-                return
-            except requests.ConnectionError:
-                time.sleep(0.2)
-        raise AssertionError("controller did not come up")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        # The re-plan loop runs (its adapt endpoints answer), but never swaps on its own here.
+        super().__init__(server, store, state, ["--min-dwell", "86400", "--no-tune"], port=port)
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,10 +31,9 @@ import requests
 from packrat.apply import versions
 from packrat.bench.loadcheck import ContinuousLoad
 from packrat.control import Controller, ControllerSettings
-from packrat.server import free_ports
 from packrat.types import Instance, Plan
 from reliability_support import copy_sleep_model, wait_for
-from serving_support import start_server
+from serving_support import ControllerProcess, start_server
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -48,50 +45,12 @@ ONE = [{"threads": 2, "batch": 1}]  # 1 worker x (2 threads, cap 1)
 FUZZ_EXAMPLES = 10
 
 
-class Ctl:
+class Ctl(ControllerProcess):
     """One `packrat controller` subprocess on the module's TorchServe; restartable."""
 
     def __init__(self, server, store: Path, state: Path) -> None:
-        self.server, self.store, self.state = server, store, state
-        self.port = free_ports(1)[0]
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def spawn(self, state: Path | None = None, port: int | None = None) -> subprocess.Popen:
-        state = state or self.state
-        cmd = [sys.executable, "-m", "packrat.cli", "controller",
-               "--management-url", self.server.management_url, "--metrics-url", self.server.metrics_url,
-               "--key-file", str(self.server.key_file), "--model-store", str(self.store),
-               "--state-dir", str(state), "--cores", "0-1", "--port", str(port or self.port),
-               # Every swap here is one the test asked for (or the restart watch's).
-               "--no-adapt", "--no-tune"]
-        state.mkdir(parents=True, exist_ok=True)
-        log = open(state / "controller.out", "ab")
-        env = dict(os.environ, PACKRAT_SLOT_DIR=str(self.server.slot_dir))
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-    def start(self) -> None:
-        self.proc = self.spawn()
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.state / "controller.out").read_text()[-3000:]
-            try:
-                requests.get(f"{self.url}/metrics", timeout=2)
-                return
-            except requests.ConnectionError:
-                time.sleep(0.2)
-        raise AssertionError("controller did not come up")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def get(self, path: str) -> requests.Response:
-        return requests.get(f"{self.url}{path}", headers=self.server.management_headers(), timeout=60)
+        # Every swap here is one the test asked for (or the restart watch's).
+        super().__init__(server, store, state, ["--no-adapt", "--no-tune"])
 
     def apply(self, instances: list[dict], timeout: float = 300) -> requests.Response:
         return requests.post(f"{self.url}/v1/models/{VICTIM}/apply", json={"instances": instances},

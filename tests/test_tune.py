@@ -13,9 +13,7 @@ without a server.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,10 +29,9 @@ from packrat.autotune import why_tune
 from packrat.bench.loadcheck import ContinuousLoad
 from packrat.plan import mode_candidates, realizable_plan, same_shape
 from packrat.profile.probe import Capabilities
-from packrat.server import free_ports
 from packrat.tune import candidate_modes
 from packrat.types import Fingerprint, Instance, Plan, Profile, ProfilePoint
-from serving_support import start_server
+from serving_support import ControllerProcess, start_server
 
 MODEL = "tt-bert"
 # fp32-eager is the archive's own mode (the guard's reference); fp32-torchscript
@@ -174,44 +171,11 @@ def test_replan_loop_moves_across_modes_with_its_hysteresis() -> None:
 # -- through TorchServe ----------------------------------------------------------------
 
 
-class Ctl:
+class Ctl(ControllerProcess):
     """One `packrat controller` subprocess, tuning on (the default)."""
 
     def __init__(self, server, store: Path, state: Path, extra: list[str]) -> None:
-        self.server, self.store, self.state, self.extra = server, store, state, extra
-        self.port = free_ports(1)[0]
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        cmd = [sys.executable, "-m", "packrat.cli", "controller",
-               "--management-url", self.server.management_url, "--metrics-url", self.server.metrics_url,
-               "--key-file", str(self.server.key_file), "--model-store", str(self.store),
-               "--state-dir", str(self.state), "--cores", "0-1", "--port", str(self.port),
-               "--no-adapt", *self.extra]
-        env = dict(os.environ, PACKRAT_SLOT_DIR=str(self.server.slot_dir))
-        log = open(self.state / "controller.out", "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.state / "controller.out").read_text()
-            try:
-                requests.get(f"{self.url}/metrics", timeout=2)
-                return
-            except requests.ConnectionError:
-                time.sleep(0.2)
-        raise AssertionError("controller did not come up")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def get(self, path: str) -> requests.Response:
-        return requests.get(f"{self.url}{path}", headers=self.server.management_headers(), timeout=60)
+        super().__init__(server, store, state, ["--no-adapt", *extra])
 
     def post(self, path: str, body=None, **kw) -> requests.Response:
         return requests.post(f"{self.url}{path}", headers=self.server.management_headers(), timeout=60,

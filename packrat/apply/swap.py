@@ -622,16 +622,3 @@ class Swapper:
                 lock_dir.rmdir()
             except OSError:
                 pass
-
-
-def apply(
-    plan: Plan,
-    *,
-    model: str,
-    client: ManagementClient,
-    model_store: str | Path,
-    cores: Sequence[int] | None = None,
-    settings: SwapSettings | None = None,
-) -> SwapRecord:
-    """Functional entry point: `apply(plan, model=..., client=..., model_store=...)`."""
-    return Swapper(client, model_store, cores, settings).apply(model, plan)

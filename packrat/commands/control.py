@@ -13,6 +13,27 @@ from packrat.errors import PackratError
 
 DEFAULT_API_PORT = 8085
 
+# The re-plan loop's and the tuner's options, shared by `controller` and `serve`.
+ADAPT = typer.Option(True, "--adapt/--no-adapt", help="re-plan automatically when the load moves")
+MIN_DWELL = typer.Option(None, "--min-dwell", help="seconds between automatic swaps [60]")
+TUNE = typer.Option(True, "--tune/--no-tune",
+                    help="tune every Packrat model (execution mode and shape) in the background")
+TUNE_MODES = typer.Option([], "--tune-mode", help="modes the automatic tune tries besides the "
+                          "archive's own (repeat; 'all') (default: a short list per task)")
+TUNE_BUDGET = typer.Option(None, "--tune-budget", help="seconds per model tune [180]")
+TUNE_BATCH = typer.Option(None, "--tune-batch", help="load batch B to tune for (default: observed, else 8)")
+TUNE_MAX_BATCH = typer.Option(None, "--tune-max-batch", help="largest profiled batch (default: max(B, 8))")
+TUNE_POINT_BUDGET = typer.Option(None, "--tune-point-budget", help="seconds per profiled point [5]")
+
+
+def _loop_options(adapt: bool, min_dwell: float | None, tune: bool, tune_modes: list[str],
+                  tune_budget: float | None, tune_batch: int | None, tune_max_batch: int | None,
+                  tune_point_budget: float | None) -> dict:
+    """The CLI's loop and tune options as run_controller's keyword arguments."""
+    return dict(adapt=adapt, min_dwell_s=min_dwell, tune=tune, tune_modes=tune_modes or None,
+                tune_budget_s=tune_budget, tune_batch=tune_batch, tune_max_batch=tune_max_batch,
+                tune_point_budget_s=tune_point_budget)
+
 
 def _parse_cores(text: str | None) -> tuple[int, ...] | None:
     if not text:
@@ -126,19 +147,14 @@ def register(app: typer.Typer) -> None:
         cores: Optional[str] = typer.Option(None, "--cores", help="usable cores, e.g. 0-3 [default: affinity]"),
         host: str = typer.Option("127.0.0.1", "--host", help="REST API address (loopback by default)"),
         port: int = typer.Option(DEFAULT_API_PORT, "--port", help="REST API port"),
-        adapt: bool = typer.Option(True, "--adapt/--no-adapt", help="re-plan automatically when the load moves"),
-        min_dwell: Optional[float] = typer.Option(None, "--min-dwell", help="seconds between automatic swaps [60]"),
-        tune: bool = typer.Option(True, "--tune/--no-tune",
-                                  help="tune every Packrat model (execution mode and shape) in the background"),
-        tune_modes: list[str] = typer.Option([], "--tune-mode", help="modes the automatic tune tries besides the "
-                                             "archive's own (repeat; 'all') (default: a short list per task)"),
-        tune_budget: Optional[float] = typer.Option(None, "--tune-budget", help="seconds per model tune [180]"),
-        tune_batch: Optional[int] = typer.Option(None, "--tune-batch",
-                                                 help="load batch B to tune for (default: observed, else 8)"),
-        tune_max_batch: Optional[int] = typer.Option(None, "--tune-max-batch",
-                                                     help="largest profiled batch (default: max(B, 8))"),
-        tune_point_budget: Optional[float] = typer.Option(None, "--tune-point-budget",
-                                                          help="seconds per profiled point [5]"),
+        adapt: bool = ADAPT,
+        min_dwell: Optional[float] = MIN_DWELL,
+        tune: bool = TUNE,
+        tune_modes: list[str] = TUNE_MODES,
+        tune_budget: Optional[float] = TUNE_BUDGET,
+        tune_batch: Optional[int] = TUNE_BATCH,
+        tune_max_batch: Optional[int] = TUNE_MAX_BATCH,
+        tune_point_budget: Optional[float] = TUNE_POINT_BUDGET,
     ) -> None:
         """Attach to a running TorchServe and serve the Packrat REST API."""
         try:
@@ -151,14 +167,8 @@ def register(app: typer.Typer) -> None:
                 cores=_parse_cores(cores),
                 host=host,
                 port=port,
-                adapt=adapt,
-                min_dwell_s=min_dwell,
-                tune=tune,
-                tune_modes=tune_modes or None,
-                tune_budget_s=tune_budget,
-                tune_batch=tune_batch,
-                tune_max_batch=tune_max_batch,
-                tune_point_budget_s=tune_point_budget,
+                **_loop_options(adapt, min_dwell, tune, tune_modes, tune_budget, tune_batch, tune_max_batch,
+                                tune_point_budget),
             )
         except PackratError as exc:
             typer.echo(f"error: {exc}", err=True)
@@ -173,19 +183,14 @@ def register(app: typer.Typer) -> None:
         cores: Optional[str] = typer.Option(None, "--cores"),
         host: str = typer.Option("127.0.0.1", "--host"),
         port: int = typer.Option(DEFAULT_API_PORT, "--port"),
-        adapt: bool = typer.Option(True, "--adapt/--no-adapt", help="re-plan automatically when the load moves"),
-        min_dwell: Optional[float] = typer.Option(None, "--min-dwell", help="seconds between automatic swaps [60]"),
-        tune: bool = typer.Option(True, "--tune/--no-tune",
-                                  help="tune every Packrat model (execution mode and shape) in the background"),
-        tune_modes: list[str] = typer.Option([], "--tune-mode", help="modes the automatic tune tries besides the "
-                                             "archive's own (repeat; 'all') (default: a short list per task)"),
-        tune_budget: Optional[float] = typer.Option(None, "--tune-budget", help="seconds per model tune [180]"),
-        tune_batch: Optional[int] = typer.Option(None, "--tune-batch",
-                                                 help="load batch B to tune for (default: observed, else 8)"),
-        tune_max_batch: Optional[int] = typer.Option(None, "--tune-max-batch",
-                                                     help="largest profiled batch (default: max(B, 8))"),
-        tune_point_budget: Optional[float] = typer.Option(None, "--tune-point-budget",
-                                                          help="seconds per profiled point [5]"),
+        adapt: bool = ADAPT,
+        min_dwell: Optional[float] = MIN_DWELL,
+        tune: bool = TUNE,
+        tune_modes: list[str] = TUNE_MODES,
+        tune_budget: Optional[float] = TUNE_BUDGET,
+        tune_batch: Optional[int] = TUNE_BATCH,
+        tune_max_batch: Optional[int] = TUNE_MAX_BATCH,
+        tune_point_budget: Optional[float] = TUNE_POINT_BUDGET,
     ) -> None:
         """Start TorchServe (with the config's ports) and the controller; Ctrl-C stops both."""
         from packrat.server import Ports, read_properties, start_torchserve
@@ -222,14 +227,8 @@ def register(app: typer.Typer) -> None:
                 host=host,
                 port=port,
                 stop=stop,
-                adapt=adapt,
-                min_dwell_s=min_dwell,
-                tune=tune,
-                tune_modes=tune_modes or None,
-                tune_budget_s=tune_budget,
-                tune_batch=tune_batch,
-                tune_max_batch=tune_max_batch,
-                tune_point_budget_s=tune_point_budget,
+                **_loop_options(adapt, min_dwell, tune, tune_modes, tune_budget, tune_batch, tune_max_batch,
+                                tune_point_budget),
             )
         except PackratError as exc:
             typer.echo(f"error: {exc}", err=True)
