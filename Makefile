@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 PLUGIN_JAR := plugin/build/packrat-plugin.jar
 PLUGIN_SRC := $(shell find plugin/src plugin/resources -type f) scripts/build_plugin.sh
 
-.PHONY: setup plugin run test bench stop clean
+.PHONY: setup plugin run test test-random bench stop clean
 
 setup: $(VENV)/.installed $(PLUGIN_JAR)
 
@@ -34,7 +34,13 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
-# The side-by-side benchmark, full mode (docs/benchmarks.md): ~30-40 min on 2 cores.
+# The suite with test files and the tests in each shuffled (pytest-random-order; the
+# seed is printed: rerun with SEED=<it>). Order dependence shows up here, not in `make test`.
+SEED ?= $(shell od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+test-random: setup
+	$(BIN)/python -m pytest -q -p random_order --random-order-bucket=module --random-order-seed=$(SEED)
+
+# The side-by-side benchmark, full mode (docs/benchmarks.md): with a tune per model up to ~100 min on 2 cores (--no-tuned: ~40).
 bench: setup
 	$(BIN)/packrat bench --full --out bench-out/full
 

@@ -13,13 +13,19 @@ default (see packrat.commands.control).
     POST /v1/models/{model}/tune             tune: guard + profile each mode, apply the best
                                              (mode, plan) -> job (optional body; docs/tuning.md)
     GET  /v1/models/{model}/tune             the running or last tune: stage, modes, choice
+    GET  /v1/jobs                            recent jobs (profile, tune), optionally of one model
     GET  /v1/jobs/{job_id}                   poll a job
     GET  /v1/swaps                           swap history (all models)
+    GET  /v1/cores                           usable cores (and why), and how they are divided among models
     GET  /v1/models/{model}/adapt            the re-plan loop: enabled, recent decisions
     PUT  /v1/models/{model}/adapt            switch the re-plan loop on/off for a model
     GET  /metrics                            Prometheus text: the controller's and the loop's
                                              counters (no token, like TorchServe's own metrics port)
     GET  /openapi.json                       the spec (no token; the same as docs/openapi.json)
+    GET  /healthz                            200 while the tick loop goes round and TorchServe
+                                             answers it, else 503 (no token: the liveness probe)
+    GET  /ui                                 the read-only status page (no token for the page
+                                             itself; it asks for the key and calls /v1/... with it)
 
 The spec is FastAPI's (GET /openapi.json, exported to docs/openapi.json by
 scripts/export_openapi.py). FastAPI's /docs and /redoc pages are off: they load
@@ -38,9 +44,10 @@ from __future__ import annotations
 import hmac
 from dataclasses import asdict
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
@@ -63,8 +70,22 @@ from packrat.types import Plan, Policy
 # The largest request body accepted: an explicit plan of a few hundred instances
 # is a few kB; anything near this is not a request to this API.
 MAX_BODY_BYTES = 64 * 1024
+# The status page's files (static, no data in them): packrat/web/.
+WEB_DIR = Path(__file__).resolve().parent / "web"
+WEB_FILES = {"/ui": ("index.html", "text/html; charset=utf-8"),
+             "/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
+             "/ui/style.css": ("style.css", "text/css; charset=utf-8")}
+# The page's scripts come from this controller only, and call nothing else: no inline
+# script, no third party, no framing (the management key is typed into it).
+WEB_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+                               "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
 # Paths answered without the token (read-only, no secrets).
-OPEN_PATHS = frozenset({"/metrics", "/openapi.json"})
+OPEN_PATHS = frozenset({"/metrics", "/openapi.json", "/healthz", *WEB_FILES})
 UNAUTHORISED = ("missing or wrong token: send Authorization: Bearer <management key from "
                 "TorchServe's key_file.json>")
 
@@ -89,6 +110,7 @@ ERROR_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("POST", "/v1/models/{model}/apply"): (400, 404, 409, 413, 500, 502),
     ("POST", "/v1/models/{model}/profile"): (400, 404, 409, 413, 502),
     ("GET", "/v1/jobs/{job_id}"): (404,),
+    ("GET", "/v1/jobs"): (),
     ("GET", "/v1/swaps"): (),
     ("GET", "/v1/models/{model}/adapt"): (404, 409, 502),
     ("PUT", "/v1/models/{model}/adapt"): (400, 404, 409, 413, 502),
@@ -142,6 +164,17 @@ class TuneRequest(BaseModel):
                                          description="seconds per profiled point [default 5]")
 
 
+class Health(BaseModel):
+    """GET /healthz: from what the tick loop last saw (TorchServe is not called by the probe)."""
+
+    status: str = Field(description="ok | unhealthy")
+    problems: list[str] = Field(description="why unhealthy; empty when ok")
+    tick_age_s: float | None = Field(description="seconds since the tick loop last went round")
+    tick_stale_after_s: float = Field(description="unhealthy when tick_age_s exceeds this")
+    torchserve_reachable: bool = Field(description="TorchServe's management API answered the last tick")
+    swap_running: bool
+
+
 class AdaptRequest(BaseModel):
     enabled: bool = Field(description="false: keep the current plan fixed (no automatic re-plan)")
 
@@ -180,6 +213,9 @@ def render_status(s: ModelStatus) -> dict[str, Any]:
         "adapt": s.adapt,
         "mode": st.mode,
         "tune": s.tune,
+        # Cores among models: where the live workers pin, and the cores the model has now.
+        "cores": list(st.cores) if st.cores is not None else None,
+        "share": list(s.share) if s.share is not None else None,
     }
 
 
@@ -347,12 +383,20 @@ def create_app(controller: Controller) -> FastAPI:
         known(model)
         return {"model": model, "tune": controller.tune_status(model)}
 
+    @app.get("/v1/jobs", dependencies=auth, summary="Recent background jobs (profile, tune), oldest first")
+    def list_jobs(model: str | None = None, last: int = Query(default=20, ge=1, le=1000)) -> list[jobs.Job]:
+        return controller.jobs.recent(model, last)
+
     @app.get("/v1/jobs/{job_id}", dependencies=auth, summary="Poll a background job")
     def get_job(job_id: str) -> jobs.Job:
         job = controller.jobs.get(job_id)
         if job is None:
             raise HTTPException(404, f"no job {job_id!r}")
         return job
+
+    @app.get("/v1/cores", dependencies=auth, summary="Usable cores (and why) and how they are divided among models")
+    def cores() -> dict[str, Any]:
+        return controller.cores_status()
 
     @app.get("/v1/swaps", dependencies=auth, summary="Swap history, newest last")
     def swaps(last: int = 50) -> list[dict[str, Any]]:
@@ -377,6 +421,24 @@ def create_app(controller: Controller) -> FastAPI:
         from prometheus_client import CONTENT_TYPE_LATEST
 
         return Response(content=controller.metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz", summary="Liveness (no token): 200 while the tick loop goes round and TorchServe "
+             "answers it, 503 when not", response_model=Health,
+             responses={503: {"model": Health, "description": "the tick loop is dead or stuck, or TorchServe's "
+                                                              "management API did not answer its last tick"}})
+    def healthz() -> JSONResponse:
+        healthy, body = controller.health()
+        return JSONResponse(Health(**body).model_dump(), status_code=200 if healthy else 503)
+
+    def web_file(name: str, media_type: str) -> Callable[[], Response]:
+        def serve() -> Response:
+            return Response((WEB_DIR / name).read_bytes(), media_type=media_type, headers=WEB_HEADERS)
+        return serve
+
+    # The status page (docs/live-plans.md): static files; the data comes from /v1/... with
+    # the key the user types in. Not API operations, so not in the spec.
+    for web_path, (name, media_type) in WEB_FILES.items():
+        app.add_api_route(web_path, web_file(name, media_type), methods=["GET"], include_in_schema=False)
 
     document_errors(app)
     return app

@@ -12,6 +12,7 @@ be killed and restarted at any time without disturbing serving:
     last-plans.json    per model, the version and plan the last successful swap made live
     profiles/<m>/<mode>.json  one profile per execution mode (packrat.profile.library)
     tune/<m>.json      the last tune of each model: stages, modes, refusals, choice
+    cores.json         how the usable cores are divided among the models (packrat.plan.share)
     profiles/<m>.json  profiles made through the REST API
     controller.lock    flock: one controller per state dir
 - one controller per TorchServe: it also holds an flock on
@@ -33,6 +34,15 @@ Swaps run on their own thread (one at a time; a second gets BusyError): the
 tick thread keeps deciding while a swap takes its 10-60 s, and any exception
 in a tick is logged, counted (packrat_controller_tick_errors_total in
 /metrics) and the loop goes on.
+
+Cores among models. With the re-plan loop on, each tick divides the usable
+cores (packrat.cores: affinity ∩ cgroup cpuset, capped by the CPU quota)
+among the models with load, minimising the worst model's predicted latency
+(packrat.plan.share), with the policy's gain threshold as hysteresis. Each
+model is planned for its own cores and its versions pin inside them; a model
+whose workers run outside its cores is moved ("cores-moved"), shrinking ones
+first. A model idle for `idle_footprint_after_s` moves to one 1-thread worker
+on the shared core (the last one).
 
 The re-plan decision is not made here. `tick()` hands a packrat.types.TickContext
 to an injected packrat.types.Policy `(context, state) -> (plan or None, new state)`
@@ -59,14 +69,16 @@ from typing import Any
 
 from packrat.apply import versions
 from packrat.apply.client import ManagementClient, scrape_metrics
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from packrat.apply.swap import Swapper, SwapSettings, WorkerCheck, check_workers
 from packrat.errors import BusyError, ConfigError, PackratError, ProfileError, SwapError, TorchServeError
 from packrat.jobs import Job, Jobs, Turns
 from packrat.observe import metrics
 from packrat import tune
-from packrat.plan import plan_from_shape, realizable_plan, same_shape
+from packrat.cores import usable_cores
+from packrat.plan import mode_candidates, plan_from_shape, realizable_plan, same_shape
+from packrat.plan.share import Demand, Division, divide_cores, keep_or_move
 from packrat.profile import ProfileSettings, load_profile, open_archive, run_profile, save_profile
 from packrat.profile.fingerprint import mode_from_config
 from packrat.profile.identity import archive_in_mode
@@ -77,7 +89,12 @@ DEFAULT_STATE_DIR = Path(".packrat")
 HISTORY_FILE = "swaps.jsonl"
 POLICY_STATE_FILE = "policy-state.json"
 LAST_PLANS_FILE = "last-plans.json"
+CORES_FILE = "cores.json"
 STATE_LOCK_FILE = "controller.lock"
+# GET /healthz fails when the tick loop has not gone round for this long (ticks may
+# wait on TorchServe's 30 s HTTP timeout; the liveness probe adds its own 2 minutes).
+HEALTH_STALE_TICKS = 12
+HEALTH_STALE_MIN_S = 60.0
 # In the model store: one controller per TorchServe (hidden: TorchServe's store scan skips it).
 STORE_LOCK_FILE = ".packrat-controller.lock"
 
@@ -97,6 +114,12 @@ class ControllerSettings:
     # keeps failing must not swap every tick).
     reapply_backoff_s: float = 30.0
     swap: SwapSettings = field(default_factory=SwapSettings)
+    # Cores among models (packrat.plan.share): per-model weights on predicted latency
+    # (default 1), the hysteresis of a re-division, and how long a model must be idle
+    # before it moves to the shared core (a swap costs seconds: not for a short pause).
+    core_weights: dict[str, float] = field(default_factory=dict)
+    division_threshold: float = 0.10
+    idle_footprint_after_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -116,6 +139,7 @@ class ModelState:
     workers: tuple[WorkerState, ...]
     other_versions: tuple[str, ...]
     mode: str | None = None  # execution mode the live version runs; None: not a Packrat archive
+    cores: tuple[int, ...] | None = None  # cores the live version's slots pin to; None: not Packrat's
 
 
 @dataclass(frozen=True)
@@ -136,6 +160,7 @@ class ModelStatus:
     last_swaps: tuple[dict[str, Any], ...]  # swaps.jsonl lines of this model
     adapt: dict[str, Any] | None  # the re-plan loop's view, if it runs
     tune: dict[str, Any] | None = None  # the model's last or running tune (packrat.tune.Tracker)
+    share: tuple[int, ...] | None = None  # the cores this model may use now (cores among models)
 
 
 class _Metrics:
@@ -145,8 +170,15 @@ class _Metrics:
         self.tick_errors = Counter("packrat_controller_tick_errors",
                                    "Exceptions caught in the controller's tick (logged; the loop goes on)",
                                    registry=registry)
-        self.swaps = Counter("packrat_controller_swaps", "Swaps run by the controller, by outcome",
+        # packrat_swaps_total and packrat_swap_phase_seconds: names a dashboard relies on.
+        self.swaps = Counter("packrat_swaps", "Swaps run by the controller, by outcome",
                              ["model", "outcome"], registry=registry)
+        self.swap_phases = Histogram(
+            "packrat_swap_phase_seconds",
+            "Seconds per swap phase (docs/live-plans.md: the ready phase split into worker_start, "
+            "model_load, mode_build, guard, warmup, ready_check)",
+            ["model", "phase"], registry=registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 8, 13, 20, 30, 60, 120, 300))
         self.swap_running = Gauge("packrat_controller_swap_running", "1 while a swap runs", registry=registry)
         self.lost_versions = Counter(
             "packrat_controller_lost_versions",
@@ -158,6 +190,51 @@ class _Metrics:
         self.unreachable = Gauge("packrat_controller_torchserve_unreachable",
                                  "1 while TorchServe's management API does not answer the tick",
                                  registry=registry)
+        # Cores among models (packrat.plan.share): how many cores each model may use now.
+        self.model_cores = Gauge("packrat_model_cores", "Cores the model may use now (its share, the "
+                                 "shared core when idle, else every usable core)", ["model"], registry=registry)
+        self.redivisions = Counter("packrat_core_divisions", "Times the division of cores among models "
+                                   "changed, by why", ["why"], registry=registry)
+
+
+class _LivePlans:
+    """Collector: the plan each model's last swap made live (last-plans.json), read at
+    scrape time, so GET /metrics never calls TorchServe (dashboards: docs/grafana/)."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+
+    def describe(self) -> list[Any]:
+        return []  # registering must not read the state dir; the names are not checked for clashes
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+
+        info = InfoMetricFamily("packrat_live_plan", "The live version, mode and shape of each model "
+                                "(the plan the controller keeps live)", labels=["model"])
+        workers = GaugeMetricFamily("packrat_live_plan_workers", "Workers of the live plan", labels=["model"])
+        batch = GaugeMetricFamily("packrat_live_plan_batch", "Load batch B the live plan was made for",
+                                  labels=["model"])
+        predicted = GaugeMetricFamily("packrat_live_plan_predicted_latency_ms",
+                                      "Predicted latency of the live plan (absent: not predicted)",
+                                      labels=["model"])
+        store = self.controller.settings.model_store
+        for model, entry in sorted(self.controller._last_plans().items()):
+            try:
+                plan = Plan.from_dict(entry["plan"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            mode = plan.mode or versions.served_mode(store / str(entry.get("url", ""))) or ""
+            counts: dict[tuple[int, int], int] = {}
+            for tb in plan.shape:
+                counts[tb] = counts.get(tb, 0) + 1
+            shape = " + ".join(f"{n}x {t}t/b{b}" for (t, b), n in counts.items())
+            info.add_metric([model], {"version": str(entry.get("version")), "mode": mode, "shape": shape})
+            workers.add_metric([model], len(plan.instances))
+            batch.add_metric([model], plan.batch)
+            if plan.predicted_latency_ms:
+                predicted.add_metric([model], plan.predicted_latency_ms)
+        return [info, workers, batch, predicted]
 
 
 @dataclass
@@ -166,6 +243,7 @@ class SwapTask:
 
     model: str
     plan: Plan
+    cores: tuple[int, ...]  # where the new version's workers pin
     done: threading.Event = field(default_factory=threading.Event)
     record: SwapRecord | None = None
     error: BaseException | None = None
@@ -218,9 +296,17 @@ class Controller:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "profiles").mkdir(exist_ok=True)
         self.client = ManagementClient(settings.management_url, settings.key_file)
-        self.cores: list[int] = (
-            list(settings.cores) if settings.cores is not None else sorted(os.sched_getaffinity(0))
-        )
+        if settings.cores is not None:
+            self.cores: list[int] = list(settings.cores)
+            self.cores_reason = f"given: {len(self.cores)} cores"
+        else:
+            found = usable_cores()  # affinity ∩ cgroup cpuset, quota cap, $PACKRAT_CORES
+            self.cores = list(found.cores)
+            self.cores_reason = found.reason
+        self.division: Division | None = None
+        self.division_why: str | None = None
+        self._idle_since: dict[str, float] = {}
+        self._batches: dict[str, int | None] = {}
         self.swapper = Swapper(self.client, settings.model_store, self.cores, settings.swap)
         # One swap at a time per controller (REST calls and ticks share it), run on its own thread.
         self._swap_lock = threading.Lock()
@@ -233,6 +319,8 @@ class Controller:
         self._tunes: dict[str, Any] = {}  # model -> packrat.tune.Tracker of its latest tune
         self.registry = CollectorRegistry()
         self.metrics = _Metrics(self.registry)
+        self.registry.register(_LivePlans(self))  # type: ignore[arg-type]
+        self.last_tick_at: float | None = None  # time.monotonic() the tick loop last went round
         self._reapply_after: dict[str, float] = {}
         self._unreachable = False
 
@@ -326,6 +414,7 @@ class Controller:
             workers=workers,
             other_versions=others,
             mode=versions.served_mode(path),
+            cores=tuple(sorted({c for sl in vdir.slots for c in sl.cores})) if vdir else None,
         )
 
     def history(self, model: str | None = None, last: int = 20) -> list[dict[str, Any]]:
@@ -374,6 +463,7 @@ class Controller:
             last_swaps=tuple(self.history(model, last=10)),
             adapt=self.policy.status(model) if self.policy is not None else None,
             tune=self.tune_status(model),
+            share=self.share_of(model),
         )
 
     # -- plans and profiles ---------------------------------------------------------
@@ -576,6 +666,9 @@ class Controller:
     def start_swap(self, model: str, plan: Plan) -> SwapTask:
         """Start swapping `model` to `plan` on the swap thread and return at once.
 
+        The new version pins inside the model's cores (share_of) when the plan fits
+        there, else on all usable cores (an explicit plan wider than the share; the
+        re-plan loop moves it back when the model has load).
         BusyError while another swap runs; ConfigError / TorchServeError (unknown
         model) before anything is touched. The attempt is recorded whatever happens.
         """
@@ -583,12 +676,17 @@ class Controller:
             raise BusyError("a swap is already running; try again when it is done")
         return self._start_swap_locked(model, plan)
 
+    def swap_cores(self, model: str, plan: Plan) -> tuple[int, ...]:
+        """The cores a new version of `model` running `plan` pins to."""
+        share = self.share_of(model)
+        return share if plan.threads_used <= len(share) else tuple(self.cores)
+
     def _start_swap_locked(self, model: str, plan: Plan) -> SwapTask:
         """start_swap() for a caller that holds the swap lock; the swap thread releases it."""
         try:
             versions.validate_plan(plan, len(self.cores))
             self.swapper.current(model)  # TorchServeError 404 for an unknown model, before anything
-            task = SwapTask(model, plan)
+            task = SwapTask(model, plan, self.swap_cores(model, plan))
             self.running_swap = SwapRecord(model, None, None, plan, self.clock(), phase="starting")
             self.metrics.swap_running.set(1)
             threading.Thread(target=self._run_swap, args=(task,), name=f"packrat-swap-{model}",
@@ -611,9 +709,10 @@ class Controller:
 
     def _run_swap(self, task: SwapTask) -> None:
         try:
-            record = self.swapper.apply(task.model, task.plan, on_phase=self._on_phase)
+            record = self.swapper.apply(task.model, task.plan, on_phase=self._on_phase, cores=task.cores)
             task.record = record
             self.metrics.swaps.labels(task.model, record.outcome).inc()
+            self._observe_phases(record)
             self._record_quietly(record.to_dict())
             try:
                 self._remember(record)  # before the lock is released: the restart watch reads it
@@ -624,6 +723,7 @@ class Controller:
             outcome = exc.record.outcome if exc.record is not None else "failed"
             self.metrics.swaps.labels(task.model, outcome).inc()
             if exc.record is not None:
+                self._observe_phases(exc.record)
                 self._record_quietly(exc.record.to_dict())
         except BaseException as exc:  # reported to the caller; the swap thread must not die silently
             task.error = exc
@@ -634,6 +734,13 @@ class Controller:
             self.metrics.swap_running.set(0)
             self._swap_lock.release()
             task.done.set()
+
+    def _observe_phases(self, record: SwapRecord) -> None:
+        """Every phase of the record, "ready" replaced by its breakdown when the workers gave one."""
+        breakdown = dict(record.ready_phases_s)
+        for name, seconds in record.phases_s:
+            for leaf, s in (breakdown.items() if name == "ready" and breakdown else [(name, seconds)]):
+                self.metrics.swap_phases.labels(record.model, leaf).observe(s)
 
     def _on_phase(self, record: SwapRecord) -> None:
         self.running_swap = record
@@ -707,6 +814,115 @@ class Controller:
             out += self.policy.metrics_text()
         return out
 
+    # -- cores among models (packrat.plan.share) ---------------------------------------
+    def share_of(self, model: str) -> tuple[int, ...]:
+        """The cores `model` may use now: its share, the shared core when idle, else all."""
+        d = self.division
+        return d.cores_of(model) if d is not None else tuple(self.cores)
+
+    def cores_status(self) -> dict[str, Any]:
+        """What was found (usable cores and why) and how they are divided now."""
+        return {"usable": list(self.cores), "reason": self.cores_reason,
+                "division": self.division.to_dict() if self.division is not None else None,
+                "why": self.division_why}
+
+    def _load_batch(self, model: str) -> int | None:
+        """The estimated B of `model`'s load from the re-plan loop's latest decision;
+        None when idle. While the estimate warms up, the last known value holds."""
+        assert self.policy is not None
+        decisions = self.policy.decisions(model, last=1)
+        est = (decisions[-1].get("estimate") or {}) if decisions else {}
+        if est.get("ready"):
+            self._batches[model] = None if est.get("idle") else int(decisions[-1]["estimated_batch"])
+        return self._batches.get(model)
+
+    def _predictor(self, model: str, st: ModelState, batch: int) -> Callable[[int], float | None] | None:
+        """Predicted latency of `model`'s best plan for `batch` on c cores, or None (no profile)."""
+        profiles = self.tick_profiles(model, st)
+        if profiles:
+            def across_modes(c: int) -> float | None:
+                try:
+                    cands, _, _ = mode_candidates(profiles, c, batch, None)
+                except PackratError:
+                    return None
+                return cands[0].predicted_latency_ms if cands else None
+            return across_modes
+        path = self.profile_path(model)
+        if not path.exists():
+            return None
+        try:
+            profile = load_profile(path)
+        except PackratError:
+            return None
+        most = max(p.batch for p in profile.points)
+
+        def one_profile(c: int) -> float | None:
+            try:
+                return realizable_plan(profile, c, min(batch, c * most)).predicted_latency_ms
+            except PackratError:
+                return None
+        return one_profile
+
+    def divide(self, states: dict[str, ModelState]) -> Division:
+        """Divide the usable cores among the models by their load (kept unless the
+        re-division is predicted `division_threshold` better); saved to cores.json."""
+        demands = []
+        for model, st in states.items():
+            batch = self._load_batch(model)
+            predict = self._predictor(model, st, batch) if batch is not None and st.plan is not None else None
+            demands.append(Demand(model, batch, predict, self.settings.core_weights.get(model, 1.0)))
+        previous = self.division
+        if previous is None:
+            saved = _read_state(self.state_dir / CORES_FILE).get("division")
+            try:
+                previous = Division.from_dict(saved) if saved else None
+            except (KeyError, TypeError, ValueError):
+                previous = None
+        proposed = divide_cores(demands, self.cores)
+        division, why = keep_or_move(previous, proposed, demands, self.settings.division_threshold)
+        if previous is None or division.shares != previous.shares or division.rule != previous.rule:
+            log.info("cores divided (%s, %s): %s; idle on %s: %s", division.rule, why,
+                     {m: list(c) for m, c in division.shares.items()}, list(division.shared),
+                     list(division.idle))
+        if previous is not None and (division.shares != previous.shares or division.rule != previous.rule):
+            self.metrics.redivisions.labels(why).inc()
+        for model in states:
+            self.metrics.model_cores.labels(model).set(len(division.cores_of(model)))
+        if division != self.division:
+            _write_state(self.state_dir / CORES_FILE, {"division": division.to_dict(), "why": why,
+                                                       "reason": self.cores_reason})
+        self.division, self.division_why = division, why
+        return division
+
+    def _footprint(self, states: dict[str, ModelState]) -> list[str]:
+        """Move one model idle for idle_footprint_after_s onto the shared core (1 worker,
+        1 thread), while other models have load; returns the model moved, if any."""
+        d = self.division
+        now = self.clock()
+        if d is None or d.rule != "split":
+            self._idle_since.clear()
+            return []
+        for model in list(self._idle_since):
+            if model not in d.idle:
+                del self._idle_since[model]
+        for model in d.idle:
+            since = self._idle_since.setdefault(model, now)
+            st = states.get(model)
+            if st is None or st.plan is None or st.cores is None or set(st.cores) <= set(d.shared):
+                continue
+            if now - since < self.settings.idle_footprint_after_s:
+                continue
+            cap = max(i.batch for i in st.plan.instances)
+            plan = replace(plan_from_shape([(1, cap)], len(d.shared), None),
+                           mode=st.plan.mode or self._live_mode_override(model))
+            try:
+                self.start_swap(model, plan)
+            except BusyError:
+                return []
+            log.info("%s: idle for %.0f s; moved to the shared core %s", model, now - since, list(d.shared))
+            return [model]
+        return []
+
     # -- the policy seam -------------------------------------------------------------
     def policy_state(self) -> dict[str, Any]:
         return _read_state(self.state_dir / POLICY_STATE_FILE)
@@ -736,15 +952,28 @@ class Controller:
         started = self._guarded("watch", lambda: self.watch(models)) or []
         if self.policy is None:
             return started
-        all_state = self.policy_state()
+        states: dict[str, ModelState] = {}
         for model in models:
-            if self._guarded(model, lambda: self._tick_model(model, all_state)):
+            st = self._guarded(model, lambda: self.model_state(model))
+            if st is not None:
+                states[model] = st
+        self._guarded("divide", lambda: self.divide(states))
+        all_state = self.policy_state()
+        # Models that must give cores back move first: no core carries two models'
+        # versions beyond what one swap needs.
+        order = sorted(states, key=lambda m: not self._misplaced(states[m]))
+        for model in order:
+            if self._guarded(model, lambda: self._tick_model(model, all_state, states[model])):
                 started.append(model)
+        started += self._guarded("footprint", lambda: self._footprint(states)) or []
         return started
 
-    def _tick_model(self, model: str, all_state: dict[str, Any]) -> bool:
+    def _misplaced(self, st: ModelState) -> bool:
+        """The live version's workers run on cores outside the model's share."""
+        return st.cores is not None and not set(st.cores) <= set(self.share_of(st.model))
+
+    def _tick_model(self, model: str, all_state: dict[str, Any], st: ModelState) -> bool:
         assert self.policy is not None
-        st = self.model_state(model)
         profile = self.profile_path(model)
         profiles = self.tick_profiles(model, st)
         plan = st.plan
@@ -756,10 +985,11 @@ class Controller:
             version=st.version,
             plan=plan,
             observation=self.observe(model),
-            cores=len(self.cores),
+            cores=len(self.share_of(model)),
             profile_path=profile if profile.exists() else None,
             swap_in_progress=self.running_swap is not None,
             profiles=profiles,
+            misplaced=self._misplaced(st) and model in (self.division.shares if self.division else {}),
         )
         new_plan, all_state[model] = self.policy(ctx, all_state.get(model, {}))
         self._save_policy_state(all_state)
@@ -786,5 +1016,25 @@ class Controller:
         Nothing a tick raises ends the loop: it is logged and counted in
         packrat_controller_tick_errors_total.
         """
+        self.last_tick_at = time.monotonic()
         while not stop.wait(self.settings.tick_s):
             self._guarded("tick", self.tick)
+            self.last_tick_at = time.monotonic()  # GET /healthz: the loop is alive
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """(healthy, body) for GET /healthz: from what the tick loop last saw, without
+        calling TorchServe (the kubelet probes often and must get an answer at once)."""
+        stale_after = max(HEALTH_STALE_MIN_S, HEALTH_STALE_TICKS * self.settings.tick_s)
+        age = None if self.last_tick_at is None else round(time.monotonic() - self.last_tick_at, 3)
+        problems = []
+        if age is None:
+            problems.append("the tick loop is not running")
+        elif age > stale_after:
+            problems.append(f"the tick loop has not gone round for {age:.0f} s (limit {stale_after:.0f} s): "
+                            "its thread is dead or stuck")
+        if self._unreachable:
+            problems.append("TorchServe's management API did not answer the last tick")
+        return not problems, {"status": "ok" if not problems else "unhealthy", "problems": problems,
+                              "tick_age_s": age, "tick_stale_after_s": stale_after,
+                              "torchserve_reachable": not self._unreachable,
+                              "swap_running": self.running_swap is not None}

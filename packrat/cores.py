@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packrat.errors import ConfigError
-from packrat.slots import parse_cpu_list
+from packrat.cpulist import parse_cpu_list
 
 ENV_VAR = "PACKRAT_CORES"
 

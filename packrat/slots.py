@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packrat.cpulist import cpus_allowed_list, parse_cpu_list  # noqa: F401 - re-exported for readers of slots
 from packrat.errors import ConfigError
 
 # Pool sizes that the numeric libraries read from the environment when they
@@ -111,25 +112,6 @@ def pin_process(cores: Iterable[int], threads: int) -> None:
     """The whole recipe: pin_threads() (before torch is imported), then set_torch_threads()."""
     pin_threads(cores, threads)
     set_torch_threads(threads)
-
-
-def parse_cpu_list(text: str) -> tuple[int, ...]:
-    """'0-2,5' -> (0, 1, 2, 5): the kernel's list format (Cpus_allowed_list)."""
-    out: list[int] = []
-    for part in text.strip().split(","):
-        if part:
-            lo, _, hi = part.partition("-")
-            out.extend(range(int(lo), int(hi or lo) + 1))
-    return tuple(out)
-
-
-def cpus_allowed_list(status_path: str = "/proc/self/status") -> str:
-    """The kernel's Cpus_allowed_list of a process or thread, e.g. "0-1,4"."""
-    with open(status_path) as f:
-        for line in f:
-            if line.startswith("Cpus_allowed_list:"):
-                return line.split(":", 1)[1].strip()
-    return "?"
 
 
 def thread_cpu_lists() -> list[str]:
@@ -285,6 +267,10 @@ class _WorkerStatus:
         # Observed once, right after pinning: reading every thread's /proc entry
         # costs ~0.05 ms per thread, twice per batch if it were done in write().
         self.settings = observed_settings()
+        # Start-up timeline (wall-clock seconds, and phase durations the handler
+        # reports): the swap reads it while it waits for READY and records where
+        # a worker's start-up time went (docs/live-plans.md, "Where a swap's time goes").
+        self.startup: dict[str, Any] = {"process_started_at": process_start_time()}
 
     def write(self, busy: bool) -> None:
         import torch
@@ -305,6 +291,7 @@ class _WorkerStatus:
             "done": self.done,
             "busy": busy,
             "time": time.time(),
+            "startup": self.startup,
         }
         # Write-then-rename so a reader never sees half a record.
         tmp = self.path.with_suffix(".tmp")
@@ -327,6 +314,35 @@ class _WorkerStatus:
 
 
 _status: _WorkerStatus | None = None
+
+
+def process_start_time(pid: int | str = "self") -> float | None:
+    """Wall-clock time a process was created (to ~10 ms), from /proc/<pid>/stat's starttime.
+
+    starttime counts clock ticks since boot (CLOCK_BOOTTIME), so it is mapped
+    through the boot clock read now rather than /proc/stat's btime (whole seconds).
+    """
+    try:
+        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(rest[19])  # field 22 of stat; rest starts at field 3
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - age
+
+
+def report_startup(**fields: Any) -> None:
+    """Add start-up facts to this worker's status file (no-op outside a claimed worker).
+
+    The handler calls it once its task is loaded: `loaded_at` (wall clock),
+    `phases` ({model_load, mode_build, guard, warmup: seconds}) and `cache`
+    (what the build cache gave: hit or built, per artefact).
+    """
+    status = _status
+    if status is None:
+        return
+    status.startup.update(fields)
+    status.write(busy=status.in_flight)
 
 
 def read_worker_status(pid: int) -> dict[str, Any] | None:
@@ -398,6 +414,7 @@ def _track_batches() -> None:
 def claim_and_pin(model_yaml_config: dict[str, Any] | None) -> SlotClaim | None:
     """Entry point for the handler. Returns None for a version without a Packrat plan."""
     global _status
+    initialize_at = time.time()
     packrat_cfg = (model_yaml_config or {}).get("packrat") or {}
     claim = None
     if "slots" in packrat_cfg:
@@ -405,6 +422,8 @@ def claim_and_pin(model_yaml_config: dict[str, Any] | None) -> SlotClaim | None:
         pin_process(claim.cores, claim.threads)
     # Tracked even without a plan: the first swap away from a plain version drains it too.
     _status = _WorkerStatus(claim)
+    # pinned_at: torch is imported and sized; the model load starts now.
+    _status.startup.update(initialize_at=initialize_at, pinned_at=time.time())
     _status.write(busy=False)
     _track_batches()
     return claim

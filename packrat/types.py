@@ -28,7 +28,9 @@ class Fingerprint:
 
 @dataclass(frozen=True)
 class ProfilePoint:
-    """Latency of one isolated instance with `threads` intra-op threads at batch `batch`."""
+    """Latency of one instance with `threads` intra-op threads at batch `batch`, measured
+    alone (`instances` 1) or as the slowest of `instances` alike instances running at once
+    on their own pinned cores (a co-run figure)."""
 
     threads: int
     batch: int
@@ -37,6 +39,7 @@ class ProfilePoint:
     p99_ms: float | None = None
     std_ms: float | None = None
     count: int | None = None
+    instances: int = 1
     # How the point was measured (pinned cores seen by the worker, converged, ...);
     # informational only, so it takes no part in equality.
     meta: dict = field(default_factory=dict, compare=False, hash=False)
@@ -55,13 +58,50 @@ class Profile:
     points: tuple[ProfilePoint, ...]
     fingerprint: Fingerprint | None = None
     scope: str = "handler"
+    # Co-run figures (ProfilePoint.instances >= 2): uniform shapes <i, t> timed with all i
+    # instances running at once (packrat.profile.runner). Empty: an isolated-only profile.
+    corun: tuple[ProfilePoint, ...] = ()
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def latency(self, threads: int, batch: int) -> float | None:
+        """The isolated figure L(t, b): one instance alone."""
         for p in self.points:
             if p.threads == threads and p.batch == batch:
                 return p.mean_ms
         return None
+
+    @property
+    def figures(self) -> str:
+        """What the figures mean: "isolated" or "isolated+co-run"."""
+        return "isolated+co-run" if self.corun else "isolated"
+
+    def corun_factor(self, instances: int) -> float | None:
+        """Co-run over isolated latency for `instances` instances at once: the median
+        ratio over the co-run points measured with the most instances <= `instances`
+        (None: nothing measured that applies)."""
+        counts = sorted({p.instances for p in self.corun if 2 <= p.instances <= instances})
+        if not counts:
+            return None
+        ratios = sorted(p.mean_ms / iso for p in self.corun if p.instances == counts[-1]
+                        for iso in [self.latency(p.threads, p.batch)] if iso)
+        return ratios[len(ratios) // 2] if ratios else None
+
+    def instance_latency(self, threads: int, batch: int, instances: int = 1) -> float | None:
+        """Latency of one of `instances` instances of (threads, batch) running at once.
+
+        One instance: the isolated figure. More: the co-run figure when that shape
+        was measured, else the isolated figure times corun_factor (the documented
+        approximation for shapes that were not co-run, mixed plans included), else
+        the isolated figure (an isolated-only profile).
+        """
+        iso = self.latency(threads, batch)
+        if instances <= 1:
+            return iso
+        for p in self.corun:
+            if p.instances == instances and p.threads == threads and p.batch == batch:
+                return p.mean_ms
+        factor = self.corun_factor(instances)
+        return iso * factor if iso is not None and factor is not None else iso
 
 
 @dataclass(frozen=True)
@@ -165,11 +205,20 @@ class SwapRecord:
     error: str | None = None
     warnings: tuple[str, ...] = ()
     phase: str | None = None  # while running: the phase under way (packrat.apply.swap.Swapper.apply)
+    # Where the "ready" phase went, along its critical path (the new worker that
+    # finished loading last): worker_start, model_load, mode_build, guard, warmup,
+    # ready_check, from the workers' own status files (docs/live-plans.md).
+    ready_phases_s: tuple[tuple[str, float], ...] = ()
+    # Per new worker: pid, slot, process_start_s, its start-up phases, build-cache hits.
+    workers: tuple[dict[str, Any], ...] = ()
+    live_s: float | None = None  # from the apply call until set-default made the new version live
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["plan"] = self.plan.to_dict()
         out["phases_s"] = dict(self.phases_s)
+        out["ready_phases_s"] = dict(self.ready_phases_s)
+        out["workers"] = [dict(w) for w in self.workers]
         out["warnings"] = list(self.warnings)
         return out
 
@@ -202,6 +251,9 @@ class TickContext:
     # (packrat.profile.library); when given, `plan` carries its live mode and the
     # policy chooses across (mode, shape). Empty: plan from `profile_path` alone.
     profiles: tuple[Profile, ...] = ()
+    # The live version's workers run on cores outside the `cores` this model has now
+    # (packrat.plan.share divided the usable cores among models): the policy must move it.
+    misplaced: bool = False
 
 
 class Policy(Protocol):

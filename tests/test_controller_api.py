@@ -66,14 +66,16 @@ ENDPOINTS = [
     ("POST", f"/v1/models/{MODEL}/apply", {"instances": [{"threads": 1, "batch": 1}]}),
     ("POST", f"/v1/models/{MODEL}/profile", {"max_batch": 1}),
     ("GET", "/v1/jobs/none", None),
+    ("GET", "/v1/jobs", None),
     ("GET", "/v1/swaps", None),
+    ("GET", "/v1/cores", None),
     ("GET", f"/v1/models/{MODEL}/adapt", None),
     ("PUT", f"/v1/models/{MODEL}/adapt", {"enabled": False}),
     ("POST", f"/v1/models/{MODEL}/tune", {"modes": ["fp32-eager"]}),
     ("GET", f"/v1/models/{MODEL}/tune", None),
 ]
-# Open on purpose (docs/live-plans.md): the Prometheus scrape endpoint.
-OPEN = {("GET", "/metrics")}
+# Open on purpose (docs/live-plans.md): the Prometheus scrape endpoint and the liveness probe's.
+OPEN = {("GET", "/metrics"), ("GET", "/healthz")}
 
 
 def test_endpoint_list_covers_every_route() -> None:
@@ -131,6 +133,12 @@ def test_plan_apply_status_and_malformed_plans(stack) -> None:
     assert swap["outcome"] == "applied" and swap["from_version"] == version0
     st = ctl.get(f"/v1/models/{MODEL}/status").json()
     assert st["version"] == swap["to_version"]
+    # Where the workers pin and the cores the model may use (no re-plan loop: no division,
+    # every usable core), as GET /v1/cores reports them.
+    cores = ctl.get("/v1/cores").json()
+    assert cores["usable"] and cores["reason"] and cores["division"] is None
+    assert st["share"] == cores["usable"] and set(st["cores"]) <= set(cores["usable"])
+    assert len(st["cores"]) == 2  # two 1-thread workers, each on its own core
     assert [(i["threads"], i["batch"]) for i in st["plan"]["instances"]] == [(1, 2), (1, 2)]
     # Predicted latency comes from the profile: L(1, 2) = 10 * 2^0.8.
     assert st["predicted_latency_ms"] == pytest.approx(10.0 * 2 ** 0.8, rel=1e-3)

@@ -20,13 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FLOORS: dict[str, int] = {
     "packrat.types": 0,  # frozen values that cross stage boundaries
-    "packrat.errors": 1,  # the one exception tree (SwapError carries a types.SwapRecord)
+    "packrat.errors": 1,
+    "packrat.cpulist": 1,  # the kernel's CPU list format (slots and cores read it)  # the one exception tree (SwapError carries a types.SwapRecord)
     "packrat.slots": 2,  # worker side: runs inside TorchServe's worker and the profiler's
     "packrat.archive": 2,  # building model archives
     "packrat.jobs": 2,  # background jobs for the controller
     "packrat.profile": 3,  # stage 1: isolated timing runs, profile files
     "packrat.plan": 3,  # stage 2: the optimiser, pure
-    "packrat.cores": 3,  # usable cores: affinity, cgroup cpuset and quota
+    "packrat.cores": 2,  # usable cores: affinity, cgroup cpuset and quota (read by profile and control)
     "packrat.apply": 4,  # stage 3: the only code that talks to TorchServe's REST API
     "packrat.observe": 4,  # stage 4: counters -> estimated B -> re-plan decision
     "packrat.tune": 4,  # guard + profile each execution mode, choose (mode, plan): profile + plan, no TorchServe

@@ -241,3 +241,22 @@ def test_decision_json_and_state_round_trip() -> None:
     es = EstimatorState(samples=(Observation(1.0, "m", 2.0, 3.0, 0.5, None),), ewma=2.5,
                         recent=(2, 4), batch=2, resets=1, voted=True, latency_ms=12.5)
     assert estimator_state_from_json(json.loads(json.dumps(estimator_state_to_json(es)))) == es
+
+
+def test_cores_moved_swaps_despite_dwell_and_no_gain() -> None:
+    # The model's cores were divided anew: its plan runs outside them. It moves even
+    # right after a swap (dwell) and to the same shape (no gain), once B has held.
+    just_swapped = replace(STABLE8, last_swap_s=9.0)
+    same = plan(8, 1, 4, 8, 100.0)
+    d, _ = decide(just_swapped, ctx(10, est(8), FAT8, 100.0, same))
+    assert not d.swap and d.reason == "same-plan"
+    d, _ = decide(just_swapped, ctx(10, est(8), FAT8, 100.0, same, misplaced=True))
+    assert d.swap and d.reason == "cores-moved" and d.target == same
+    # ... but not while B settles, nor while idle or during a swap.
+    settling = PolicyState(seen_batch=8, seen_since_s=8.0)
+    d, _ = decide(settling, ctx(10, est(8), FAT8, 100.0, same, misplaced=True))
+    assert not d.swap and d.reason == "estimate-settling"
+    d, _ = decide(STABLE8, ctx(10, est(8, idle=True), FAT8, 100.0, same, misplaced=True))
+    assert not d.swap and d.reason == "idle"
+    d, _ = decide(STABLE8, ctx(10, est(8), FAT8, 100.0, same, misplaced=True, swap_in_progress=True))
+    assert not d.swap and d.reason == "swap-in-progress"

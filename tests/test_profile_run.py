@@ -61,6 +61,21 @@ def test_real_tiny_archive_profile_t2_b4(tmp_path):
     data = json.loads(out.read_text())
     assert data["complete"] is True and data["omitted"] == []
     assert "wrote" in res.stdout
+    # Co-run: 2 instances of 1 thread at once, each on its own core (as each worker read
+    # its affinity from the kernel), every batch; the figure is the slower instance's.
+    assert data["figures"] == "isolated+co-run"
+    assert {(p.instances, p.threads, p.batch) for p in profile.corun} == {(2, 1, b) for b in (1, 2, 4)}
+    for p in profile.corun:
+        cpus = [set(parse_cpu_list(c)) for c in p.meta["per_instance_cpus"]]
+        assert sorted(cpus, key=min) == [{CORES[0]}, {CORES[1]}]
+        assert p.mean_ms == max(p.meta["per_instance_mean_ms"]) > 0
+    # The optimiser plans 2 x 1 thread from the co-run figure, 1 x 2 threads from the isolated one.
+    from packrat.plan import realizable_plan, uniform_plan
+    thin = uniform_plan(2, 1, 2, 2, 4, profile)
+    assert thin.predicted_latency_ms == profile.instance_latency(1, 2, 2) == \
+        next(p.mean_ms for p in profile.corun if p.batch == 2)
+    assert realizable_plan(profile, 2, 4).predicted_latency_ms in (
+        thin.predicted_latency_ms, profile.latency(2, 4), profile.instance_latency(1, 4, 1))
     # the worker wrote no bytecode into the archive (it would not change the id, but it litters)
     assert not list(Path(archive_path).rglob("__pycache__"))
 

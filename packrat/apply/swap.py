@@ -39,6 +39,12 @@ machine that would mean serving with fewer cores all the time to make swaps
 cheaper. The cost (the overlap lasts register + warm-up + drain) is measured
 by scripts/measure_swap.py and reported in docs/live-plans.md.
 
+Phase timings: every phase above is timed into SwapRecord.phases_s (retire and
+unregister apart), and the ready phase is split (SwapRecord.ready_phases_s,
+startup_breakdown) into worker_start, model_load, mode_build, guard, warmup and
+ready_check from the start-up timeline each new worker writes into its status
+file (packrat.slots.report_startup), read while the swap waits for READY.
+
 Failure before set-default: the new version is retired (it had no traffic)
 and its directory removed; the old one never stopped serving.
 Failure after set-default: the old version is made default again and the new
@@ -270,6 +276,47 @@ def check_workers(described: dict[str, Any], vdir: VersionDir) -> list[WorkerChe
     return checks
 
 
+STARTUP_PHASES = ("model_load", "mode_build", "guard", "warmup")
+
+
+def startup_breakdown(
+    statuses: Sequence[dict[str, Any] | None], register_end: float, ready_end: float
+) -> tuple[tuple[tuple[str, float], ...], tuple[dict[str, Any], ...]]:
+    """Where a swap's "ready" phase went, from the new workers' status files.
+
+    The workers start in parallel, so the phase lasts as long as the one that
+    finished loading last: its path is worker_start (from the end of the
+    register call to the handler's model load beginning: TorchServe spawning
+    the process, Python, TorchServe's worker and torch imports, slot claim and
+    pinning), then its own model_load, mode_build, guard and warmup, then
+    ready_check (from its load finishing to the swap seeing every worker READY
+    and pinned: TorchServe marking it READY, the swap's polling, slower
+    siblings). Wall-clock times (the worker is another process). Second value:
+    one entry per worker. Empty when no worker reported its start-up (a
+    handler that does not call packrat.slots.report_startup).
+    """
+    workers = []
+    for st in statuses:
+        up = (st or {}).get("startup") or {}
+        if not isinstance(up.get("loaded_at"), (int, float)):
+            continue
+        born, pinned = up.get("process_started_at"), up.get("pinned_at") or up["loaded_at"]
+        workers.append({
+            "pid": st.get("pid"), "slot": st.get("slot"), "loaded_at": up["loaded_at"], "pinned_at": pinned,
+            "process_start_s": round(pinned - born, 3) if isinstance(born, (int, float)) else None,
+            "phases_s": {k: float(v) for k, v in (up.get("phases") or {}).items()},
+            "cache": dict(up.get("cache") or {}),
+        })
+    if not workers:
+        return (), ()
+    last = max(workers, key=lambda w: w["loaded_at"])
+    out = [("worker_start", max(0.0, last["pinned_at"] - register_end))]
+    out += [(k, last["phases_s"].get(k, 0.0)) for k in STARTUP_PHASES]
+    out.append(("ready_check", max(0.0, ready_end - last["loaded_at"])))
+    per_worker = tuple({k: v for k, v in w.items() if k not in ("loaded_at", "pinned_at")} for w in workers)
+    return tuple((k, round(v, 3)) for k, v in out), per_worker
+
+
 def _forget_worker_status(pids: list[int]) -> None:
     """Delete the status files of workers that are gone (they would pile up otherwise)."""
     for pid in pids:
@@ -296,6 +343,7 @@ class Swapper:
         self.cores = list(cores) if cores is not None else sorted(os.sched_getaffinity(0))
         self.settings = settings or SwapSettings()
         self.clock = clock
+        self.last_unregister_s = 0.0  # the last retire()'s unregister call (a phase of the swap record)
 
     # The default version and what directory it was registered from.
     def current(self, model: str) -> tuple[str, str]:
@@ -309,7 +357,8 @@ class Swapper:
         return vdir.base if vdir else url
 
     def apply(
-        self, model: str, plan: Plan, on_phase: Callable[[SwapRecord], None] | None = None
+        self, model: str, plan: Plan, on_phase: Callable[[SwapRecord], None] | None = None,
+        cores: Sequence[int] | None = None,
     ) -> SwapRecord:
         """Make `plan` the live shape of `model`. Returns the record; raises SwapError on failure.
 
@@ -317,7 +366,9 @@ class Swapper:
         (create, register, ready, set_default, drain, retire) and the phases done so far.
         """
         s = self.settings
-        versions.validate_plan(plan, len(self.cores))  # ConfigError: nothing touched yet
+        # `cores`: the model's own cores when the controller divides them among models.
+        use_cores = list(cores) if cores is not None else self.cores
+        versions.validate_plan(plan, len(use_cores))  # ConfigError: nothing touched yet
         old_version, old_url = self.current(model)
         record = SwapRecord(model=model, from_version=old_version, to_version=None, plan=plan,
                             started_at=time.time())
@@ -350,7 +401,7 @@ class Swapper:
             self.base_of(old_url),
             model,
             plan,
-            self.cores,
+            use_cores,
             max_batch_delay_ms=s.max_batch_delay_ms,
         )
         record = replace(record, to_version=vdir.version)
@@ -358,11 +409,17 @@ class Swapper:
         defaulted = False
         try:
             self.client.register(vdir.url, model, len(vdir.slots), timeout_s=s.register_timeout_s)
+            register_end = time.time()
             phase("register")
-            self._wait_ready(model, vdir)
+            ready = self._wait_ready(model, vdir)
+            ready_phases, started = startup_breakdown(
+                [slots.read_worker_status(c.pid) for c in ready], register_end, time.time())
+            record = replace(record, ready_phases_s=ready_phases, workers=started)
             phase("ready")
             self.client.set_default(model, vdir.version)
             defaulted = True
+            # The new version is live from here on (what the issue times a swap by).
+            record = replace(record, live_s=round(self.clock() - t0, 3))
             phase("set_default")
             self.drain(model, old_version, min_s=s.min_drain_s)
             phase("drain")
@@ -386,11 +443,17 @@ class Swapper:
             self.retire_dir(old_url)
         else:
             warnings.append(f"old version {old_version} still registered; {old_url} kept")
+        # The unregister call ran inside retire(): reported as a phase of its own,
+        # with the check that it is gone and the version directory's removal.
+        _, retire_s = phases.pop()
+        unregister_s = min(retire_s, self.last_unregister_s)
+        phases.append(("retire", round(retire_s - unregister_s, 3)))
+        phases.append(("unregister", round(unregister_s + self.clock() - mark, 3)))
         return finish("applied")
 
     # -- phases ------------------------------------------------------------------
 
-    def _wait_ready(self, model: str, vdir: VersionDir) -> None:
+    def _wait_ready(self, model: str, vdir: VersionDir) -> list[WorkerCheck]:
         deadline = self.clock() + self.settings.ready_timeout_s
         last: list[WorkerCheck] = []
         pids_by_worker: dict[str, set[int]] = {}
@@ -398,7 +461,7 @@ class Swapper:
             d = self.client.describe(model, vdir.version)
             last = check_workers(d, vdir)
             if len(last) == len(vdir.slots) and all(c.ok for c in last):
-                return
+                return last
             # A wrong pin will not fix itself; a missing status might (worker still loading).
             wrong = [c for c in last if c.ready and c.why and "no status" not in c.why]
             if wrong:
@@ -413,7 +476,7 @@ class Swapper:
                     f"workers of {model} {vdir.version} keep dying while loading (worker id: pids {dying}); "
                     "see TorchServe's model_log.log"
                 )
-            time.sleep(self.settings.poll_s * 4)
+            time.sleep(self.settings.poll_s * 2)  # ready_check: how late the swap sees READY
         raise SwapError(
             f"workers of {model} {vdir.version} not READY and pinned after "
             f"{self.settings.ready_timeout_s:.0f}s: {[(c.pid, c.why) for c in last]}"
@@ -537,7 +600,9 @@ class Swapper:
                 d = self.client.describe(model, version)
             pending = pending_requests(d)
             if pending == 0 and not d.get("workers"):
+                t = self.clock()
                 self.client.unregister(model, version)
+                self.last_unregister_s = self.clock() - t
                 return returned
             returned += pending
             came_back = pending

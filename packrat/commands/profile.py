@@ -65,20 +65,23 @@ def profile_command(
     point_budget: float = typer.Option(10.0, "--point-budget", help="Seconds per (threads, batch) point"),
     scope: str = typer.Option("handler", "--scope", help="handler: pre+forward+post; model: forward only"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table"),
+    corun: bool = typer.Option(True, "--corun/--no-corun",
+                               help="Also time <T//t, t> shapes with all instances at once (co-run figures)"),
 ) -> None:
-    """Time one isolated, pinned instance at t = 1..T threads and b = 1, 2, 4, ... batch."""
-    import os
-
+    """Time one isolated, pinned instance at t = 1..T threads and b = 1, 2, 4, ... batch, then
+    the uniform shapes with every instance running at once (co-run)."""
+    from packrat.cores import usable_cores
     from packrat.profile import ProfileSettings
 
     try:
-        usable = len(os.sched_getaffinity(0))
+        usable = len(usable_cores().cores)
         settings = ProfileSettings(
             cores=cores if cores is not None else usable,
             max_batch=max_batch,
             budget_s=budget,
             point_budget_s=point_budget,
             scope=scope,
+            corun=corun,
         )
         settings.validate(usable)  # before any archive is built or read
         if output is not None and output.is_dir():

@@ -215,7 +215,7 @@ class AdaptiveLoop:
             now_s=ctx.now, model=model, estimate=est, current=current,
             current_latency_ms=current_ms, candidates=cands, enabled=enabled,
             swap_in_progress=ctx.swap_in_progress,
-            active_since_s=active_since, settings=self.settings.policy,
+            active_since_s=active_since, misplaced=ctx.misplaced, settings=self.settings.policy,
         )
         decision, pol_state = decide(pol_state, pctx)
         new_state["policy"] = policy_state_to_json(pol_state)

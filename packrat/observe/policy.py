@@ -13,6 +13,10 @@ Rules, in order (the first that applies gives the reason):
   warming-up          the estimator has no full window yet
   idle                no traffic: B says nothing about the next load
   no-plan             no candidate plan for the estimated B
+  cores-moved         the active plan's workers run outside the cores the model
+                      now has (packrat.plan.share: cores divided among models)
+                      -> swap to the best plan on its cores, once B has held
+                      min_stable_s; neither dwell nor the gain threshold apply
   no-active-plan      nothing applied yet -> swap (the initial plan), once B
                       has held min_stable_s
   no-prediction       the active plan cannot be scored at this B
@@ -133,6 +137,9 @@ class PolicyContext:
     # there before the controller started). Dwell and settle count from the
     # later of this and the last swap this policy ordered.
     active_since_s: float | None = None
+    # The active plan's workers run on cores the model no longer has (the
+    # division of cores among models moved): it must move, whatever the gain.
+    misplaced: bool = False
     settings: PolicySettings = field(default_factory=PolicySettings)
 
 
@@ -288,6 +295,11 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
         reason = "idle"
     elif chosen is None:
         reason = "no-plan"
+    elif cur is not None and ctx.misplaced:
+        if stable_for < s.min_stable_s:
+            reason = "estimate-settling"
+        else:
+            swap, reason = True, "cores-moved"
     elif cur is None:
         # The first plan, too, waits for B to hold: the first majority can
         # form while the window still covers the quiet time before the load.

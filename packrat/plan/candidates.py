@@ -35,13 +35,14 @@ from packrat.plan.knapsack import realizable_plan
 from packrat.types import Instance, Plan, Profile
 
 
-def latency_at_or_above(profile: Profile, threads: int, batch: int) -> float | None:
-    """L(threads, b) for the smallest profiled b ≥ batch; None if there is none."""
-    best: tuple[int, float] | None = None
+def latency_at_or_above(profile: Profile, threads: int, batch: int, instances: int = 1) -> float | None:
+    """L(threads, b) for the smallest profiled b ≥ batch, as one of `instances` running
+    at once (Profile.instance_latency); None if there is none."""
+    best: int | None = None
     for p in profile.points:
-        if p.threads == threads and p.batch >= batch and (best is None or p.batch < best[0]):
-            best = (p.batch, p.mean_ms)
-    return None if best is None else best[1]
+        if p.threads == threads and p.batch >= batch and (best is None or p.batch < best):
+            best = p.batch
+    return None if best is None else profile.instance_latency(threads, best, instances)
 
 
 def plan_latency_at(profile: Profile, plan: Plan, batch: int) -> float | None:
@@ -57,7 +58,7 @@ def plan_latency_at(profile: Profile, plan: Plan, batch: int) -> float | None:
     rounds = math.ceil(batch / (n * cap))
     worst = 0.0
     for inst in plan.instances:
-        lat = latency_at_or_above(profile, inst.threads, per_worker)
+        lat = latency_at_or_above(profile, inst.threads, per_worker, n)
         if lat is None:
             return None
         worst = max(worst, lat)
@@ -67,7 +68,7 @@ def plan_latency_at(profile: Profile, plan: Plan, batch: int) -> float | None:
 def uniform_plan(n: int, threads: int, cap: int, cores: int, batch: int, profile: Profile | None) -> Plan:
     """n workers of `threads` threads and batch cap `cap`, with the profile's prediction
     (0.0, "not predicted", where the profile lacks the point or there is none)."""
-    lat = profile.latency(threads, cap) if profile else None
+    lat = profile.instance_latency(threads, cap, n) if profile else None
     return Plan(
         cores=cores,
         batch=batch,
@@ -87,7 +88,7 @@ def plan_from_shape(shape: Sequence[tuple[int, int]], cores: int, profile: Profi
         raise ConfigError("a plan needs at least one instance")
     if len({cap for _, cap in shape}) > 1:
         raise ConfigError("all instances of a plan share one batch cap in TorchServe")
-    lats = [profile.latency(t, cap) if profile else None for t, cap in shape]
+    lats = [profile.instance_latency(t, cap, len(shape)) if profile else None for t, cap in shape]
     known = all(x is not None for x in lats)
     inst = tuple(Instance(t, cap, float(x) if known else 0.0) for (t, cap), x in zip(shape, lats))
     return Plan(
@@ -127,7 +128,7 @@ def uniform_candidates(profile: Profile, cores: int, batch: int) -> list[Plan]:
             continue
         best: tuple[float, int] | None = None
         for t in range(1, cores // n + 1):
-            lat = profile.latency(t, cap)
+            lat = profile.instance_latency(t, cap, n)
             if lat is not None and (best is None or lat < best[0]):
                 best = (lat, t)
         if best is None:

@@ -260,6 +260,9 @@ def _solve_realizable(profile: Profile, cores: int, batch: int) -> Plan:
             continue
         for t in range(1, cores // n + 1):
             latency = table.lat[t, j]
+            if n > 1 and profile.corun and math.isfinite(latency):
+                # n workers run at once: their co-run figure (Profile.instance_latency).
+                latency = profile.instance_latency(t, cap, n) or latency
             if not math.isfinite(latency):
                 continue
             # same order as the unconstrained rule: latency, (all instances are

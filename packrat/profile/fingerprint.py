@@ -40,7 +40,10 @@ def cpu_model() -> str:
 
 
 def usable_cores() -> int:
-    return len(os.sched_getaffinity(0))
+    """Cores this process may run on, containers included (packrat.cores)."""
+    from packrat.cores import usable_cores as found
+
+    return len(found().cores)
 
 
 def allocator(env: Mapping[str, str] | None = None) -> str:

@@ -4,8 +4,21 @@
         start `python -m packrat.profile.worker` pinned to t cores
         it loads the model once and times b = 1, 2, 4, ... max_batch
         each point is recorded (and on_update called) the moment it arrives
+    then, co-run (settings.corun), for every t with i = T // t >= 2:
+        start i such workers at once, worker k pinned to cores[k*t : (k+1)*t]
+        each times the same batches; the co-run figure of (i, t, b) is the
+        slowest instance's (it sets a uniform plan's latency)
 
-Total budget: the time left is shared among the thread counts still to run
+Co-run figures exist because instances side by side are slower than one
+alone (shared caches and memory bandwidth; the Packrat paper saw 12-15 %), and
+the isolated figure therefore favours thin plans. The instances are not
+synchronised batch by batch: each runs the same list under the same stop rule,
+so they overlap for nearly all of a run, and every one of them keeps the
+machine's other cores busy while the others are timed.
+
+Total budget: with co-run on, the isolated runs get (1 - corun_share) of it
+and the co-run runs the rest plus whatever the isolated ones left. Within each
+phase the time left is shared among the thread counts still to run
 in proportion to 1/t (a 1-thread instance is roughly t times slower than a
 t-thread one, so it needs the larger share); time a worker does not use goes
 to the next ones. Inside a worker, batch sizes run smallest first, so when a
@@ -21,12 +34,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from packrat.cores import usable_cores
 from packrat.errors import ConfigError, ProfileError
 from packrat.profile.fingerprint import current_fingerprint
 from packrat.profile.identity import ArchiveRef
@@ -50,6 +65,10 @@ class ProfileSettings:
     # Batch sizes in the order to measure them; None: batch_sizes(max_batch), smallest first.
     # A tune puts the caps its batch needs first, so a short budget cuts the others.
     batches: tuple[int, ...] | None = None
+    # Co-run figures for every uniform shape <T // t, t> with at least 2 instances, within
+    # the same budget (corun_share of it) and the same stop rule per point.
+    corun: bool = True
+    corun_share: float = 0.3
 
     def validate(self, usable: int) -> None:
         if self.cores < 1:
@@ -58,6 +77,8 @@ class ProfileSettings:
             raise ConfigError(f"--cores {self.cores} exceeds the {usable} cores this process may use")
         if self.max_batch < 1:
             raise ConfigError(f"--max-batch must be >= 1, got {self.max_batch}")
+        if not 0.0 < self.corun_share < 1.0:
+            raise ConfigError(f"corun_share must be in (0, 1), got {self.corun_share}")
         if self.budget_s is not None and self.budget_s <= 0:
             raise ConfigError(f"--budget must be > 0 seconds, got {self.budget_s}")
         if self.point_budget_s <= 0:
@@ -163,7 +184,7 @@ def run_profile(
     """Profile `archive` on this machine. `on_update` gets the partial profile after every point;
     `on_event` every worker event as it arrives ({"event": "ready" | "start" | "point" |
     "omitted", "threads": t, ...}): "ready" means the mode loaded and passed its accuracy guard."""
-    cores = sorted(os.sched_getaffinity(0))
+    cores = list(usable_cores().cores)  # affinity ∩ cgroup cpuset, quota cap, $PACKRAT_CORES
     settings.validate(len(cores))
     fingerprint = current_fingerprint(archive.config)
     batches = list(settings.batches) if settings.batches else batch_sizes(settings.max_batch)
@@ -180,16 +201,24 @@ def run_profile(
     omitted: list[dict[str, Any]] = []
     workers: list[dict[str, Any]] = []
     pending = {(t, b) for t in range(1, settings.cores + 1) for b in batches}
+    shapes = corun_shapes(settings.cores) if settings.corun else []
+    corun: list[ProfilePoint] = []
+    corun_pending = {(i, t, b) for i, t in shapes for b in batches}
+    # The isolated phase ends here when co-run shapes follow (None: no limit).
+    iso_budget_s = (settings.budget_s * (1 - settings.corun_share) if shapes else settings.budget_s) \
+        if settings.budget_s is not None else None
 
     def snapshot(complete: bool) -> Profile:
         left = [] if complete else [
             {"threads": t, "batch": b, "reason": "not measured yet"} for t, b in sorted(pending)
-        ]
+        ] + [{"instances": i, "threads": t, "batch": b, "reason": "not measured yet"}
+             for i, t, b in sorted(corun_pending)]
         return Profile(
             model_id=archive.model_id,
             points=tuple(sorted(points, key=lambda p: (p.threads, p.batch))),
             fingerprint=fingerprint,
             scope=settings.scope,
+            corun=tuple(sorted(corun, key=lambda p: (p.instances, p.threads, p.batch))),
             extra={
                 "model_name": archive.model_name,
                 "created": created,
@@ -201,12 +230,13 @@ def run_profile(
             },
         )
 
-    bar = _Progress(len(pending), progress, desc=f"profile {archive.model_name} ({settings.scope})")
+    bar = _Progress(len(pending) + len(corun_pending), progress,
+                    desc=f"profile {archive.model_name} ({settings.scope})")
     try:
         for t in range(1, settings.cores + 1):
             budget = None
-            if settings.budget_s is not None:
-                remaining = settings.budget_s - (time.monotonic() - started_wall)
+            if iso_budget_s is not None:
+                remaining = iso_budget_s - (time.monotonic() - started_wall)
                 budget = budget_share(max(0.0, remaining), t, settings.cores)
 
             def on_worker_event(event: dict[str, Any], t: int = t) -> None:
@@ -247,9 +277,102 @@ def run_profile(
                 "budget_s": budget,
             }
             _run_worker(job, on_worker_event, log)
+
+        for k, (i, t) in enumerate(shapes):
+            budget = None
+            if settings.budget_s is not None:
+                remaining = settings.budget_s - (time.monotonic() - started_wall)
+                # Shared like the isolated phase: in proportion to 1/t over the shapes left.
+                weights = [1.0 / tt for _, tt in shapes[k:]]
+                budget = max(0.0, remaining) * weights[0] / sum(weights)
+            base_job = {"archive_dir": str(archive.directory), "config": archive.config, "threads": t,
+                        "batches": batches, "scope": settings.scope, "rule": rule}
+
+            def on_corun(b: int, point: ProfilePoint | None, reason: str | None, i: int = i, t: int = t) -> None:
+                corun_pending.discard((i, t, b))
+                if point is not None:
+                    corun.append(point)
+                else:
+                    omitted.append({"instances": i, "threads": t, "batch": b, "reason": reason})
+                bar.step()
+                if on_update is not None:
+                    on_update(snapshot(complete=False))
+
+            bar.at(f"co-run {i} x {t} thread(s)")
+            if budget is not None and budget <= 0:
+                for b in batches:
+                    on_corun(b, None, "total budget exhausted")
+                continue
+            _run_corun(i, t, cores, base_job, budget, on_corun, log)
     finally:
         bar.close()
     return snapshot(complete=True)
+
+
+def corun_shapes(cores: int) -> list[tuple[int, int]]:
+    """The uniform shapes <i, t> that fill T cores with at least 2 instances, thinnest first."""
+    return [(cores // t, t) for t in range(1, cores // 2 + 1)]
+
+
+def _run_corun(
+    instances: int,
+    threads: int,
+    cores: list[int],
+    base_job: dict[str, Any],
+    budget_s: float | None,
+    on_point: Callable[[int, ProfilePoint | None, str | None], None],
+    log_path: Path,
+) -> None:
+    """Run `instances` workers of `threads` threads at once on disjoint cores; report, per
+    batch, the co-run point (the slowest instance) or why there is none."""
+    lock = threading.Lock()
+    seen: dict[int, dict[int, dict[str, Any]]] = {}  # batch -> instance -> point fields
+    gaps: dict[int, str] = {}  # batch -> why some instance has no point
+    errors: list[BaseException] = []
+    blocks = [cores[k * threads:(k + 1) * threads] for k in range(instances)]
+
+    def events(k: int) -> Callable[[dict[str, Any]], None]:
+        def on(event: dict[str, Any]) -> None:
+            with lock:
+                if event["event"] == "point":
+                    seen.setdefault(event["batch"], {})[k] = event
+                elif event["event"] == "omitted":
+                    gaps.setdefault(event["batch"], f"instance {k}: {event['reason']}")
+        return on
+
+    def run(k: int) -> None:
+        try:
+            _run_worker({**base_job, "cores": blocks[k], "budget_s": budget_s}, events(k), log_path)
+        except BaseException as exc:  # noqa: BLE001 - reported below, after every instance stopped
+            with lock:
+                errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(k,), name=f"corun-{k}", daemon=True)
+               for k in range(instances)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for b in base_job["batches"]:
+        per = seen.get(b, {})
+        if len(per) < instances:
+            why = gaps.get(b) or (f"an instance failed: {errors[0]}" if errors else "not every instance measured it")
+            on_point(b, None, why[:500])
+            continue
+        rows = [per[k] for k in range(instances)]
+
+        def worst(key: str) -> float | None:
+            vals = [r.get(key) for r in rows]
+            return None if any(v is None for v in vals) else max(vals)
+
+        on_point(b, ProfilePoint(
+            threads=threads, batch=b, mean_ms=max(r["mean_ms"] for r in rows),
+            p50_ms=worst("p50_ms"), p99_ms=worst("p99_ms"), std_ms=worst("std_ms"),
+            count=min((r.get("count") or 0) for r in rows) or None, instances=instances,
+            meta={"per_instance_mean_ms": [r["mean_ms"] for r in rows], "cores": blocks,
+                  # what each worker read from the kernel about its own affinity
+                  "per_instance_cpus": [(r.get("meta") or {}).get("cpus_allowed_list") for r in rows]},
+        ), None)
 
 
 

@@ -26,11 +26,19 @@
       ],
       "omitted": [                         # configurations not measured, never invented
         {"threads": 1, "batch": 32, "reason": "total budget exhausted"}
+      ],
+      "figures": "isolated+co-run",        # what the figures mean (written, derived on read):
+                                           # "isolated": points only, each instance timed alone
+      "corun": [                           # uniform shapes <i, t>: all i instances at once,
+        {"instances": 2, "threads": 1,     # each on its own pinned cores; mean_ms etc. are
+         "batch": 4, "mean_ms": 47.9, ...} # the slowest instance's (it sets a plan's latency)
       ]
     }
 
 Readers need only model_id, fingerprint, scope and points[*].{threads, batch,
-mean_ms}; every other key is optional on read. Unknown keys are ignored, so
+mean_ms}; every other key is optional on read. A profile without "corun" (every
+profile written before co-run profiling) loads as isolated-only, and says so
+in Profile.figures. Unknown keys are ignored, so
 fields can be added without a format bump; a change of meaning bumps the
 version in "format".
 
@@ -67,6 +75,14 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _point_dict(p: ProfilePoint) -> dict[str, Any]:
+    out = {"threads": p.threads, "batch": p.batch, "mean_ms": p.mean_ms, "p50_ms": p.p50_ms,
+           "p99_ms": p.p99_ms, "std_ms": p.std_ms, "count": p.count, "meta": p.meta}
+    if p.instances != 1:
+        out = {"instances": p.instances, **out}
+    return out
+
+
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
     extra = dict(profile.extra)
     out: dict[str, Any] = {
@@ -79,20 +95,10 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         "complete": extra.pop("complete", True),
         "settings": extra.pop("settings", {}),
         "duration_s": extra.pop("duration_s", None),
-        "points": [
-            {
-                "threads": p.threads,
-                "batch": p.batch,
-                "mean_ms": p.mean_ms,
-                "p50_ms": p.p50_ms,
-                "p99_ms": p.p99_ms,
-                "std_ms": p.std_ms,
-                "count": p.count,
-                "meta": p.meta,
-            }
-            for p in sorted(profile.points, key=lambda p: (p.threads, p.batch))
-        ],
+        "points": [_point_dict(p) for p in sorted(profile.points, key=lambda p: (p.threads, p.batch))],
         "omitted": extra.pop("omitted", []),
+        "figures": profile.figures,
+        "corun": [_point_dict(p) for p in sorted(profile.corun, key=lambda p: (p.instances, p.threads, p.batch))],
     }
     out.update(extra)  # anything else a caller attached stays in the file
     return out
@@ -122,17 +128,20 @@ def _num(value: Any, what: str, kind: type = float, optional: bool = False) -> A
     return kind(value)
 
 
-def _point(raw: Any, i: int) -> ProfilePoint:
+def _point(raw: Any, i: int, where: str = "points") -> ProfilePoint:
     if not isinstance(raw, dict):
-        raise ProfileError(f"points[{i}] must be an object")
+        raise ProfileError(f"{where}[{i}] must be an object")
     try:
-        threads = _num(raw["threads"], f"points[{i}].threads", int)
-        batch = _num(raw["batch"], f"points[{i}].batch", int)
-        mean = _num(raw["mean_ms"], f"points[{i}].mean_ms")
+        threads = _num(raw["threads"], f"{where}[{i}].threads", int)
+        batch = _num(raw["batch"], f"{where}[{i}].batch", int)
+        mean = _num(raw["mean_ms"], f"{where}[{i}].mean_ms")
     except KeyError as exc:
-        raise ProfileError(f"points[{i}] lacks {exc.args[0]!r}") from exc
+        raise ProfileError(f"{where}[{i}] lacks {exc.args[0]!r}") from exc
     if threads < 1 or batch < 1 or not (mean > 0 and math.isfinite(mean)):
-        raise ProfileError(f"points[{i}]: threads and batch must be >= 1 and mean_ms > 0")
+        raise ProfileError(f"{where}[{i}]: threads and batch must be >= 1 and mean_ms > 0")
+    instances = _num(raw.get("instances", 1), f"{where}[{i}].instances", int)
+    if (instances < 2) if where == "corun" else (instances != 1):
+        raise ProfileError(f"{where}[{i}].instances must be {'>= 2' if where == 'corun' else '1'}")
     return ProfilePoint(
         threads=threads,
         batch=batch,
@@ -141,6 +150,7 @@ def _point(raw: Any, i: int) -> ProfilePoint:
         p99_ms=_num(raw.get("p99_ms"), f"points[{i}].p99_ms", optional=True),
         std_ms=_num(raw.get("std_ms"), f"points[{i}].std_ms", optional=True),
         count=_num(raw.get("count"), f"points[{i}].count", int, optional=True),
+        instances=instances,
         meta=dict(raw.get("meta") or {}),
     )
 
@@ -179,7 +189,13 @@ def profile_from_dict(data: Any) -> Profile:
         if (p.threads, p.batch) in seen:
             raise ProfileError(f"duplicate point threads={p.threads} batch={p.batch}")
         seen.add((p.threads, p.batch))
-    known = {"format", "model_id", "fingerprint", "scope", "points"}
+    raw_corun = data.get("corun") or []
+    if not isinstance(raw_corun, list):
+        raise ProfileError("corun must be a list")
+    corun = tuple(_point(p, i, "corun") for i, p in enumerate(raw_corun))
+    if len({(p.instances, p.threads, p.batch) for p in corun}) != len(corun):
+        raise ProfileError("duplicate corun point")
+    known = {"format", "model_id", "fingerprint", "scope", "points", "corun", "figures"}
     extra = {k: v for k, v in data.items() if k not in known}
     extra.setdefault("omitted", [])
     return Profile(
@@ -187,6 +203,7 @@ def profile_from_dict(data: Any) -> Profile:
         points=points,
         fingerprint=_fingerprint(data.get("fingerprint")),
         scope=scope,
+        corun=corun,
         extra=extra,
     )
 
