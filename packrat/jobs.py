@@ -70,6 +70,12 @@ class Jobs:
         with self._lock:
             return self._jobs.get(job_id)
 
+    def recent(self, model: str | None = None, last: int = 20) -> list[Job]:
+        """The latest `last` jobs (of `model`, if given), oldest first."""
+        with self._lock:
+            jobs = [j for j in self._jobs.values() if model in (None, j.model)]
+        return sorted(jobs, key=lambda j: j.created)[-last:]
+
     def unfinished(self, kind: str, model: str | None = None) -> Job | None:
         """The queued or running job of `kind` (for `model`, if given), if any."""
         with self._lock:

@@ -1,0 +1,272 @@
+"""The controller's status page (GET /ui) in headless Chromium, against a live controller.
+
+A real TorchServe (token auth on) serves the noop archive; a `packrat controller`
+subprocess with the re-plan loop on (decisions every tick; no profile, so it
+never swaps by itself) gets an explicit plan applied over REST, so the model has
+a live plan and a swap record. The page is driven with selenium through Debian's
+chromium + chromium-driver (.ci/run installs them; nothing is downloaded).
+
+    PACKRAT_STATUS_SCREENSHOT=docs/status-page.png .venv/bin/python -m pytest -q tests/test_status_page.py
+
+writes the committed screenshot.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from packrat.profile.store import save_profile
+from packrat.types import Profile, ProfilePoint
+from serving_support import ControllerProcess, start_server
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+MODEL = "page-echo"
+PLAN = [{"threads": 1, "batch": 2}] * 2
+SHAPE = "2 × 1t/b2"  # how the page writes PLAN (workers × threads/batch cap)
+KEY_NAME = "packrat.managementKey"
+WEB = Path(__file__).resolve().parents[1] / "packrat" / "web"
+
+pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
+    store = tmp_path_factory.mktemp("page-store")
+    (store / MODEL).symlink_to(tiny_store / "noop", target_is_directory=True)
+    server = start_server(store, tmp_path_factory.mktemp("page-ts"))
+    # Re-plan loop on (its decisions are the chart), but no swap of its own while the test
+    # runs (--min-dwell); tuning off: it would profile for minutes.
+    state = tmp_path_factory.mktemp("page-state")
+    ctl = ControllerProcess(server, store, state, ["--no-tune", "--min-dwell", "3600"], ready_path="/healthz")
+    # A small synthetic profile: the plans get a predicted latency (noop's own is a few ms).
+    points = tuple(ProfilePoint(threads=t, batch=b, mean_ms=round(4.0 * b ** 0.8 / (1.6 if t == 2 else 1.0), 3))
+                   for t in (1, 2) for b in (1, 2, 4))
+    save_profile(Profile(model_id="synthetic", points=points), state / "profiles" / f"{MODEL}.json")
+    try:
+        server.management_client().register(MODEL, MODEL, 1)
+        ctl.start()
+        for plan in ([{"threads": 2, "batch": 1}], PLAN):  # two swaps: some history, the last one live
+            r = requests.post(f"{ctl.url}/v1/models/{MODEL}/apply", json={"instances": plan},
+                              headers=ctl.headers(), timeout=300)
+            assert r.status_code == 200, r.text
+        for i in range(12):  # observed latency and a load estimate
+            requests.post(f"{server.inference_url}/predictions/{MODEL}", data=f"page {i}".encode(),
+                          headers=server.inference_headers(), timeout=60).raise_for_status()
+        yield server, ctl
+    finally:
+        ctl.kill()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory):
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.skip(f"{CHROMIUM} or {CHROMEDRIVER} missing: apt-get install -y chromium chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM)
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1280,900",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        opts.add_argument(flag)
+    # An explicit driver and browser: selenium's driver manager is not asked to find (or fetch) one.
+    driver = webdriver.Chrome(options=opts, service=Service(executable_path=str(CHROMEDRIVER)))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(what, timeout_s: float = 60.0, step_s: float = 0.25):
+    """Poll `what()` until it returns something truthy (a hang guard, not a speed bound)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = what()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(step_s)
+
+
+def texts(driver, css: str) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
+
+
+def type_key(driver, key: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    box = driver.find_element(By.ID, "key")
+    box.clear()
+    box.send_keys(key)
+    driver.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
+
+
+def test_page_files_are_static_and_write_no_markup_from_strings() -> None:
+    """Server values reach the page only through textContent / setAttribute."""
+    js = (WEB / "app.js").read_text()
+    code = re.sub(r"^\s*//.*$", "", js, flags=re.M)  # the comments may name what is not used
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+        assert sink not in code, sink
+    html = (WEB / "index.html").read_text()
+    assert "<script>" not in html and "style=" not in html  # nothing inline (the CSP forbids it)
+    # Nothing from elsewhere (the SVG namespace is a name, not a fetch).
+    for text in (html, js.replace("http://www.w3.org/2000/svg", ""), (WEB / "style.css").read_text()):
+        assert "http://" not in text and "https://" not in text and "//" + "cdn" not in text
+
+
+def test_page_and_healthz_need_no_token_the_data_does(stack) -> None:
+    server, ctl = stack
+    health = requests.get(f"{ctl.url}/healthz", timeout=10)
+    assert health.status_code == 200, health.text
+    assert health.json()["status"] == "ok" and health.json()["torchserve_reachable"] is True
+    for path, kind in (("/ui", "text/html"), ("/ui/app.js", "text/javascript"), ("/ui/style.css", "text/css")):
+        r = requests.get(f"{ctl.url}{path}", timeout=10)
+        assert r.status_code == 200 and r.headers["content-type"].startswith(kind), (path, r.status_code)
+        csp = r.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+        assert MODEL not in r.text  # no data in the page itself
+    # What the page calls is guarded as before.
+    for path in ("/v1/models", f"/v1/models/{MODEL}/status", f"/v1/jobs?model={MODEL}"):
+        assert requests.get(f"{ctl.url}{path}", timeout=10).status_code == 401
+        assert requests.get(f"{ctl.url}{path}", headers=ctl.headers(), timeout=30).status_code == 200
+
+
+def test_status_page_shows_the_live_plan_only_with_the_key(stack, browser) -> None:
+    from selenium.webdriver.common.by import By
+
+    server, ctl = stack
+    driver = browser
+    key = server.keys.management.key
+    status = requests.get(f"{ctl.url}/v1/models/{MODEL}/status", headers=ctl.headers(), timeout=30).json()
+    assert status["plan"] is not None and status["predicted_latency_ms"] > 0
+
+    # Without the key: the form, and no model data, also after a poll period has passed.
+    driver.get(f"{ctl.url}/ui")
+    wait_for(lambda: driver.find_element(By.ID, "key").is_displayed())
+    time.sleep(6)  # longer than the page's poll interval
+    assert driver.find_elements(By.CSS_SELECTOR, "section.model") == []
+    assert MODEL not in driver.page_source and status["version"] not in driver.page_source
+
+    # A wrong key: refused, forgotten, still nothing shown.
+    type_key(driver, "not-the-key")
+    wait_for(lambda: "refused" in driver.find_element(By.ID, "key-message").text)
+    assert driver.execute_script(f"return sessionStorage.getItem('{KEY_NAME}')") is None
+    assert driver.find_elements(By.CSS_SELECTOR, "section.model") == []
+
+    # The management key: the model's live plan, version and swap appear.
+    type_key(driver, key)
+    section = f"section.model[data-model='{MODEL}']"
+    wait_for(lambda: texts(driver, f"{section} dd.live-plan") == [SHAPE])
+    assert texts(driver, f"{section} dd.live-version") == [status["version"]]
+    assert texts(driver, f"{section} dd.predicted-latency") == [f"{status['predicted_latency_ms']:.1f} ms"]
+    swaps = " ".join(texts(driver, f"{section} table.swaps"))
+    assert status["last_swaps"][-1]["to_version"] in swaps and "applied" in swaps
+    if status["last_swaps"][-1].get("phases_s"):  # swap records with per-phase timings
+        assert next(iter(status["last_swaps"][-1]["phases_s"])) in swaps
+    # The re-plan loop's decisions, drawn: a line in the batch chart.
+    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, f"{section} svg.chart path"), timeout_s=30)
+    assert texts(driver, f"{section} dd.last-decision") != ["–"]
+    # The key is in this tab's sessionStorage only: not in localStorage, a cookie or the DOM.
+    assert driver.execute_script(f"return sessionStorage.getItem('{KEY_NAME}')") == key
+    assert driver.execute_script("return localStorage.length") == 0 and driver.get_cookies() == []
+    assert key not in driver.page_source
+
+    # A full-page screenshot (docs/status-page.png is one, written with PACKRAT_STATUS_SCREENSHOT).
+    time.sleep(6)  # one more poll: a few more decisions in the chart
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": 1280, "height": min(height, 4000), "deviceScaleFactor": 1, "mobile": False})
+    target = Path(os.environ.get("PACKRAT_STATUS_SCREENSHOT") or ctl.state / "status-page.png")
+    assert driver.save_screenshot(str(target.resolve()))
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+    # Forget the key: everything shown goes, and stays gone.
+    driver.find_element(By.ID, "forget").click()
+    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "section.model") == [])
+    assert driver.execute_script(f"return sessionStorage.getItem('{KEY_NAME}')") is None
+    assert MODEL not in driver.page_source
+
+
+@pytest.fixture
+def lone_stack(tiny_store: Path, tmp_path: Path):
+    """A TorchServe and controller of its own: the test below stops TorchServe."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / MODEL).symlink_to(tiny_store / "noop", target_is_directory=True)
+    server = start_server(store, tmp_path / "ts")
+    ctl = ControllerProcess(server, store, tmp_path / "state", ["--no-tune", "--no-adapt"], ready_path="/healthz")
+    try:
+        server.management_client().register(MODEL, MODEL, 1)
+        ctl.start()
+        yield server, ctl
+    finally:
+        ctl.kill()
+        server.stop()
+
+
+def test_healthz_is_503_when_torchserve_is_gone(lone_stack) -> None:
+    """The liveness probe's other failure: TorchServe stopped under the controller."""
+    server, ctl = lone_stack
+    assert requests.get(f"{ctl.url}/healthz", timeout=10).status_code == 200
+    server.stop()
+    # (A requests.Response is falsy when not ok: wait for its status code instead.)
+    wait_for(lambda: requests.get(f"{ctl.url}/healthz", timeout=10).status_code == 503)
+    body = requests.get(f"{ctl.url}/healthz", timeout=10).json()
+    assert body["status"] == "unhealthy" and body["torchserve_reachable"] is False
+    assert any("TorchServe" in p for p in body["problems"]), body
+
+
+def test_health_follows_the_tick_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Controller.health: not started, going round, then stuck in a tick (a dead or hung
+    tick thread), with the staleness limit shrunk from its default of at least 60 s."""
+    from packrat import control
+
+    monkeypatch.setattr(control, "HEALTH_STALE_MIN_S", 2.0)
+    settings = control.ControllerSettings(management_url="http://127.0.0.1:9", key_file=tmp_path / "keys.json",
+                                          model_store=tmp_path, state_dir=tmp_path / "state", cores=(0,),
+                                          tick_s=0.05)
+    ctl = control.Controller(settings)
+    healthy, body = ctl.health()
+    assert not healthy and body["problems"] == ["the tick loop is not running"]
+
+    release = threading.Event()
+    stuck = threading.Event()
+    ticks = []
+
+    def tick() -> list[str]:
+        ticks.append(time.monotonic())
+        if len(ticks) >= 5:  # then hang, as a tick blocked on a call that never returns
+            stuck.set()
+            release.wait()
+        return []
+
+    monkeypatch.setattr(ctl, "tick", tick)
+    stop = threading.Event()
+    thread = threading.Thread(target=ctl.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(ticks) >= 2, timeout_s=10, step_s=0.01)
+        healthy, body = ctl.health()
+        assert healthy and body["problems"] == [] and body["tick_age_s"] < body["tick_stale_after_s"]
+        stuck.wait(10)
+        healthy, body = wait_for(lambda: (lambda h: h if not h[0] else None)(ctl.health()), timeout_s=10)
+        assert "its thread is dead or stuck" in body["problems"][0]
+    finally:
+        stop.set()
+        release.set()
+        thread.join(10)
+
