@@ -18,6 +18,11 @@ Packrat controller:
 each measured with B closed-loop keep-alive clients. One JSON object per line
 in <out>/results.jsonl; a markdown summary is printed (and written to
 <out>/summary.md).
+
+`packrat bench --tuned` measures the same split (fat-tuned, tuned) at every B
+of its run, beside fat, packrat, the oracle and the defaults
+(docs/benchmarks.md); this script adds the load sent while tuning. Both use
+packrat.bench.tuned (fat_plan, run_tune).
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +42,9 @@ sys.path.insert(0, str(REPO))
 
 from packrat.bench.loadgen import Target, closed_loop  # noqa: E402
 from packrat.bench.run import sample_request  # noqa: E402
-from packrat.types import Instance, Plan  # noqa: E402
+from packrat.bench.tuned import fat_plan as fat  # noqa: E402
+from packrat.bench.tuned import run_tune  # noqa: E402
+from packrat.types import Plan  # noqa: E402
 
 
 def cpu_name() -> str:
@@ -47,11 +53,6 @@ def cpu_name() -> str:
         if line.startswith("Model name:"):
             return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
-
-
-def fat(cores: int, batch: int, mode: str | None) -> Plan:
-    return Plan(cores=cores, batch=batch, instances=(Instance(cores, batch, 0.0),), predicted_latency_ms=0.0,
-                mode=mode)
 
 
 def shape(plan: dict | None) -> str:
@@ -145,30 +146,27 @@ def main() -> int:
 
             loader = threading.Thread(target=keep_loading, daemon=True)
             t0 = time.monotonic()
-            job = ctl.start_tune(model, batch=B, budget_s=args.tune_budget,
-                                 modes=[m for m in args.modes.split(",") if m] or None)
             loader.start()
-            last = None
-            while job.state in ("queued", "running"):
-                text = (job.progress or {}).get("text")
-                if text != last:
-                    print(f"  [{time.monotonic() - t0:6.1f} s] {text}", file=sys.stderr)
-                    last = text
-                time.sleep(1.0)
-            tuned_s = time.monotonic() - t0
-            stop.set()
-            loader.join()
-            tune = job.result or job.progress or {}
+            try:
+                outcome = run_tune(ctl, model, batch=B, budget_s=args.tune_budget,
+                                   modes=[m for m in args.modes.split(",") if m] or None,
+                                   on_progress=lambda text: print(f"  [{time.monotonic() - t0:6.1f} s] {text}",
+                                                                  file=sys.stderr))
+            finally:
+                stop.set()
+                loader.join()
+            tuned_s = outcome.seconds
+            tune = outcome.record
             results.write(json.dumps({"kind": "tune", "model": model, "seconds": round(tuned_s, 1),
-                                      "state": job.state, "error": job.error, "tune": tune,
+                                      "state": outcome.state, "error": outcome.error, "tune": tune,
                                       "load_during": during}) + "\n")
             results.flush()
             errors = sum(d["errors"] for d in during)
             requests_during = sum(d["ok"] + d["errors"] for d in during)
-            print(f"{model}: tuned in {tuned_s:.0f} s ({job.state}); {requests_during} requests during "
+            print(f"{model}: tuned in {tuned_s:.0f} s ({outcome.state}); {requests_during} requests during "
                   f"tuning, {errors} failed", file=sys.stderr)
-            if job.state != "done":
-                print(job.error, file=sys.stderr)
+            if not outcome.ok:
+                print(outcome.error, file=sys.stderr)
                 continue
             tuned_plan = Plan.from_dict(tune["choice"])
             measure("tuned", {"tune_s": round(tuned_s, 1)})

@@ -48,3 +48,56 @@ def test_bench_measures_every_configuration_and_leaves_nothing_registered(tmp_pa
     # the server the bench started is gone, and no version directory is left behind
     assert bench.server is None
     assert not list((tmp_path / "model-store").glob("noop.p*"))
+
+
+def test_bench_tuned_configurations_on_a_tiny_model_with_two_modes(tmp_path: Path) -> None:
+    """One tune per model (fp32-eager, the archive's own, and fp32-torchscript), then fat-tuned
+    (fat's shape in the mode tuned for B) and tuned (the tuned (mode, plan)) measured beside fat."""
+    from packrat.bench.report import write_report
+    from packrat.bench.results import read_records
+
+    settings = BenchSettings(
+        models=("tiny-bert",), batches=(2,), out=tmp_path, requests=20, max_point_s=30.0, settle_s=1.0,
+        profile_budget_s=30.0, profile_point_budget_s=1.0, capacity=False, progress=False, command="test",
+        configs=("fat", "fat-tuned", "tuned"), tune=True, tune_modes=("fp32-torchscript",),
+        tune_budget_s=120.0, tune_point_budget_s=1.0,
+    )
+    assert settings.tuning
+    results = Bench(settings).run()
+    records = list(read_records(results))
+    (tune,) = [r for r in records if r["kind"] == "tune"]
+    assert tune["state"] == "done", tune
+    # The bench's own profile of the archive's mode is reused by the tune; the other mode is
+    # guarded and profiled.
+    assert tune["modes"]["fp32-eager"]["state"] == "reused", tune["modes"]
+    assert tune["modes"]["fp32-torchscript"]["state"] == "profiled", tune["modes"]
+    assert tune["batch"] == 2
+
+    ms = {m.config: m for m in read_measurements(results)}
+    assert set(ms) == {"fat", "fat-tuned", "tuned"}
+    for m in ms.values():
+        assert m.load["ok"] == 20 and m.load["errors"] == 0, m
+    fat, fat_tuned, tuned = ms["fat"], ms["fat-tuned"], ms["tuned"]
+    assert fat.mode == "fp32-eager" and fat.instances == ((2, 2),)
+    # Both modes planned at B=2 from their profiles; tuned is the lower prediction, ties to the
+    # archive's own mode (listed first), and fat-tuned runs fat's shape in that same mode.
+    per_mode = {r["mode"]: r["predicted_ms"] for r in tuned.extra["per_mode"]}
+    assert set(per_mode) == {"fp32-eager", "fp32-torchscript"}
+    best = min(per_mode, key=lambda k: (per_mode[k], k != "fp32-eager"))
+    assert tuned.mode == fat_tuned.mode == best
+    assert fat_tuned.instances == ((2, 2),) and tuned.predicted_ms == pytest.approx(per_mode[best], abs=1e-3)
+    # Every plan went live through the controller's swap in its own mode: the swap history
+    # holds each (mode, shape) a measurement ran in.
+    swaps = [json.loads(line) for line in (tmp_path / "controller" / "swaps.jsonl").read_text().splitlines()]
+    applied = {(s["plan"].get("mode") or "fp32-eager", tuple((w["threads"], w["batch"]) for w in s["plan"]["instances"]))
+               for s in swaps if s.get("outcome") == "applied"}
+    for m in (fat, fat_tuned, tuned):
+        assert (m.mode, m.instances) in applied or m.extra["swap"] == "none: shape already live", (m, applied)
+
+    (row,) = summarise(read_measurements(results))
+    assert row.mode_gain == pytest.approx(fat.p50 / fat_tuned.p50)
+    assert row.shape_gain == pytest.approx(fat_tuned.p50 / tuned.p50)
+    assert row.total_gain == pytest.approx(fat.p50 / tuned.p50)
+    md = write_report(results, chart=False)["summary_md"].read_text()
+    assert "## Mode gain x shape gain (tuned)" in md and "- tiny-bert: done in" in md
+    assert not list((tmp_path / "model-store").glob("tiny-bert.p*"))

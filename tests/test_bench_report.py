@@ -18,10 +18,11 @@ def _load(p50: float, ok: int = 100, errors: int = 0, thr: float = 10.0) -> dict
 
 
 def _record(log: ResultLog, model: str, batch: int, config: str, inst: list[tuple[int, int]],
-            p50: float, predicted: float | None = None, server: dict | None = None, **kw) -> None:
+            p50: float, predicted: float | None = None, server: dict | None = None, mode: str | None = None,
+            **kw) -> None:
     log.measurement(Measurement(model=model, batch=batch, config=config, shape=shape_label(inst),
                                 instances=tuple(inst), predicted_ms=predicted, load=_load(p50, **kw),
-                                extra={"server": server} if server else {}))
+                                extra={"server": server} if server else {}, mode=mode))
 
 
 @pytest.fixture()
@@ -67,7 +68,8 @@ def test_write_report_files(results: Path, tmp_path: Path) -> None:
     assert ("| 8 | 100.0 | 160.0 | 80.0 | 2x(1t,b4) | 78.0 | 2x(1t,b4) (=) | 1.25x faster | 2.00x | +2.6 % | 70.0"
             " | +14.3 % | – | – |  |") in md
     # packrat's 2x(1t,b4) and the oracle candidate of that shape are a repeat pair: 80 then 78
-    assert "| resnet | 8 | 2x(1t,b4) | 80.0 | 78.0 | 2.5 % |" in md
+    assert "| resnet | 8 | – | 2x(1t,b4) | 80.0 | 78.0 | 2.5 % |" in md
+    assert "Mode gain x shape gain" not in md  # no tuned configuration in this run
     assert "skipped: time budget" in md and "| noop | 4 | 900 |" in md
     with open(paths["summary_csv"]) as f:
         summary = list(csv.DictReader(f))
@@ -138,3 +140,73 @@ def test_noise_band_is_the_largest_same_shape_difference_and_judges_packrat_vs_f
 def test_verdict_needs_a_band_and_a_ratio() -> None:
     assert verdict(1.3, None) == "" and verdict(None, 0.1) == ""
     assert verdict(0.85, 0.1) == "slower" and verdict(0.95, 0.1) == "tie" and verdict(1.11, 0.1) == "faster"
+
+
+BASE, FAST = "fp32-eager", "bf16-openvino"
+
+
+def test_mode_gain_times_shape_gain_split_per_model_and_b(tmp_path: Path) -> None:
+    log = ResultLog(tmp_path / "results.jsonl")
+    # B=8: fat 1000 (base mode); oracle/packrat thin in the base mode 1000 / 980 (a 2 % repeat);
+    # fat-tuned (fat's shape in bf16-openvino) 250; tuned (thin in bf16-openvino) 200.
+    _record(log, "bert", 8, "fat", [(2, 8)], 1000.0, mode=BASE)
+    _record(log, "bert", 8, "oracle", [(1, 4), (1, 4)], 1000.0, mode=BASE)
+    _record(log, "bert", 8, "packrat", [(1, 4), (1, 4)], 980.0, predicted=950.0, mode=BASE)
+    _record(log, "bert", 8, "fat-tuned", [(2, 8)], 250.0, predicted=240.0, mode=FAST)
+    _record(log, "bert", 8, "tuned", [(1, 4), (1, 4)], 200.0, predicted=190.0, mode=FAST)
+    # B=4: the tuned shape gains 3 %, inside the run's band (5 %, from B=1)
+    _record(log, "bert", 4, "fat", [(2, 4)], 500.0, mode=BASE)
+    _record(log, "bert", 4, "fat-tuned", [(2, 4)], 103.0, mode=FAST)
+    _record(log, "bert", 4, "tuned", [(1, 2), (1, 2)], 100.0, mode=FAST)
+    # B=1: the tune kept fat's shape: tuned and fat-tuned are one configuration measured twice
+    _record(log, "bert", 1, "fat", [(2, 1)], 100.0, mode=BASE)
+    _record(log, "bert", 1, "fat-tuned", [(2, 1)], 40.0, mode=FAST)
+    _record(log, "bert", 1, "tuned", [(2, 1)], 42.0, mode=FAST)
+    log.append("tune", {"model": "bert", "seconds": 12.5, "state": "done", "error": None, "batch": 8,
+                        "budget_s": 60.0, "modes": {BASE: {"state": "reused"}, FAST: {"state": "profiled"},
+                                                    "int8-eager": {"state": "refused", "reason": "REFUSED int8"}},
+                        "choice": {"mode": FAST, "instances": [{"threads": 1, "batch": 4}] * 2}})
+    ms = read_measurements(log.path)
+    assert {m.mode for m in ms if m.config in ("fat-tuned", "tuned")} == {FAST}
+
+    # Twins share mode and shape: the thin base-mode oracle is not the thin bf16 tuned plan's twin.
+    pairs = repeat_pairs(ms)
+    assert {(p.batch, p.mode, round(p.diff, 3)) for p in pairs} == {(8, BASE, 0.02), (1, FAST, 0.05)}
+    assert noise_band(pairs) == pytest.approx(0.05)
+
+    rows = {r.batch: r for r in summarise(ms)}
+    r = rows[8]
+    assert r.mode_gain == pytest.approx(1000.0 / 250.0)  # fat / fat-tuned: the mode alone
+    assert r.shape_gain == pytest.approx(250.0 / 200.0)  # fat-tuned / tuned: the shape in that mode
+    assert r.total_gain == pytest.approx(1000.0 / 200.0) == pytest.approx(r.mode_gain * r.shape_gain)
+    assert (r.fat_mode, r.tuned_mode, r.tuned_shape, r.tuned_predicted_ms) == (BASE, FAST, "2x(1t,b4)", 190.0)
+    assert r.vs_fat_tuned == "faster"
+    assert r.speedup_vs_fat == pytest.approx(1000.0 / 980.0)  # the base-mode columns are unchanged
+    assert rows[4].shape_gain == pytest.approx(1.03) and rows[4].vs_fat_tuned == "tie"
+    assert rows[4].mode_gain == pytest.approx(500.0 / 103.0)
+    assert rows[1].vs_fat_tuned == "same shape" and rows[1].total_gain == pytest.approx(100.0 / 42.0)
+
+    paths = write_report(log.path, tmp_path / "report", chart=False)
+    md = paths["summary_md"].read_text()
+    assert "## Mode gain x shape gain (tuned)" in md
+    assert ("| 8 | 1000.0 | fp32-eager | 250.0 | bf16-openvino | 2x(1t,b4) | 200.0 | 4.00x | 1.25x | 5.00x"
+            " | faster | 190.0 |") in md
+    assert "| 1 | 100.0 | fp32-eager | 40.0 | bf16-openvino | 2x(2t,b1) |" not in md
+    assert "| 1 | 100.0 | fp32-eager | 40.0 | bf16-openvino | 1x(2t,b1) | 42.0 | 2.50x | 0.95x | 2.38x | same shape" in md
+    assert "- bert: done in 12.5 s at B=8" in md and "int8-eager refused (REFUSED int8)" in md
+    with open(paths["summary_csv"]) as f:
+        summary = {int(row["batch"]): row for row in csv.DictReader(f)}
+    assert float(summary[8]["mode_gain"]) == pytest.approx(4.0) and summary[8]["tuned_mode"] == FAST
+    with open(paths["measurements_csv"]) as f:
+        assert {(row["config"], row["mode"]) for row in csv.DictReader(f) if row["batch"] == "8"} == {
+            ("fat", BASE), ("oracle", BASE), ("packrat", BASE), ("fat-tuned", FAST), ("tuned", FAST)}
+
+
+def test_measurements_without_a_mode_still_read(tmp_path: Path) -> None:
+    """Results written before modes were recorded: mode None, same report."""
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps({"kind": "measurement", "model": "m", "batch": 2, "config": "fat", "shape": "1x(2t,b2)",
+                                "instances": [[2, 2]], "predicted_ms": None, "load": _load(10.0)}) + "\n")
+    (m,) = read_measurements(path)
+    assert m.mode is None and m.config == "fat"
+    assert Measurement.from_json({**m.to_json(), "mode": "bf16-openvino", "config": "tuned"}).mode == "bf16-openvino"

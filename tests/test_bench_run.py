@@ -101,3 +101,61 @@ def test_server_side_split_comes_from_counter_deltas() -> None:
     assert server_side(None, after) is None
     no_queue = Observation(time_s=5.0, model="m", requests_total=30, latency_us_total=3_000_000)
     assert server_side(before, no_queue) == {"requests": 20, "mean_ms": 100.0}
+
+
+def _mode_profile(mode: str, per_item_ms: float, two_thread_speedup: float) -> Profile:
+    from packrat.types import Fingerprint
+
+    fp = Fingerprint("cpu", 2, "glibc", "2.13.0", mode)
+    pts = tuple(ProfilePoint(threads=t, batch=b, mean_ms=per_item_ms * b / (two_thread_speedup if t == 2 else 1.0))
+                for t in (1, 2) for b in (1, 2, 4, 8))
+    return Profile(model_id="synthetic", points=pts, fingerprint=fp)
+
+
+def test_tuned_pair_is_the_best_mode_and_fat_in_that_mode() -> None:
+    from packrat.bench.tuned import tuned_pair
+    from packrat.errors import PlanError
+
+    # fp32-eager: 10 ms/item, 2 threads 1.2x; bf16-openvino: 3 ms/item, 2 threads 1.9x.
+    slow, fast = _mode_profile("fp32-eager", 10.0, 1.2), _mode_profile("bf16-openvino", 3.0, 1.9)
+    pair = tuned_pair([slow, fast], 2, 8)
+    # bf16-openvino wins: thin 2x(1t,b4) = 12 ms beats its fat 24/1.9 = 12.6 ms and every fp32 plan
+    assert pair.mode == "bf16-openvino" and pair.tuned.mode == "bf16-openvino"
+    assert pair.tuned.shape == ((1, 4), (1, 4)) and pair.tuned.predicted_latency_ms == pytest.approx(12.0)
+    # fat-tuned: fat's shape in the same mode, predicted from that mode's profile (not fp32's)
+    assert pair.fat.mode == "bf16-openvino" and pair.fat.shape == ((2, 8),)
+    assert predicted(pair.fat) == pytest.approx(24.0 / 1.9)
+    assert [r["mode"] for r in pair.per_mode] == ["fp32-eager", "bf16-openvino"]
+    assert pair.per_mode[0]["predicted_ms"] == pytest.approx(40.0)
+    # A mode whose 2-thread points scale well keeps fat's shape: tuned == fat-tuned's shape
+    wide = _mode_profile("bf16-openvino", 3.0, 2.5)
+    pair = tuned_pair([slow, wide], 2, 8)
+    assert pair.tuned.shape == pair.fat.shape == ((2, 8),)
+    # Ties go to the profile listed first (the archive's own mode, as in the tune)
+    twin = _mode_profile("fp32-torchscript", 10.0, 1.2)
+    assert tuned_pair([slow, twin], 2, 8).mode == "fp32-eager"
+    assert tuned_pair([twin, slow], 2, 8).mode == "fp32-torchscript"
+    # B beyond every profiled batch on 2 cores: no plan in any mode
+    with pytest.raises(PlanError, match="no mode has a plan for B=32"):
+        tuned_pair([slow, fast], 2, 32)
+    with pytest.raises(PlanError):
+        tuned_pair([], 2, 8)
+
+
+def test_tuning_defaults_per_mode_and_cli_checks(tmp_path: Path) -> None:
+    from packrat.bench.run import full_settings
+
+    quick, full = quick_settings(tmp_path), full_settings(tmp_path)
+    assert not quick.tuning and full.tuning and full.tune_budget_s == 360.0
+    assert {"fat-tuned", "tuned"} <= set(full.configs)
+    assert not full_settings(tmp_path, tune=False).tuning
+    assert not full_settings(tmp_path, configs=("fat", "packrat")).tuning  # nothing tuned to measure
+    s = BenchSettings(models=("x",), batches=(2,), out=tmp_path, cores=(0, 1), tune=True)
+    assert s.tuning
+    runner = CliRunner()
+    r = runner.invoke(app, ["bench", "-m", "tiny-bert", "-b", "1", "--configs", "fat,tuned", "--no-tuned",
+                            "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "need tuning" in r.output
+    r = runner.invoke(app, ["bench", "-m", "tiny-bert", "-b", "1", "--tuned", "--tune-mode", "fp16-eager",
+                            "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "unknown mode" in r.output

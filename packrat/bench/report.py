@@ -16,10 +16,19 @@ latency of B closed-loop clients; every ratio below uses it:
 * worker gap            = packrat worker_ms / predicted - 1, worker_ms being TorchServe's
                           own mean (inference - queue) latency over the point: the
                           part of the end-to-end time the profile predicts
-* repeat noise          = |p50 a / p50 b - 1| for two runs of the same shape at the
-                          same B in one run (packrat's plan and the oracle candidate of
-                          its shape); the largest of them is the run's noise band, and
+* repeat noise          = |p50 a / p50 b - 1| for two runs of the same shape in the
+                          same mode at the same B in one run (packrat's plan and the
+                          oracle candidate of its shape; tuned and fat-tuned, ...: see
+                          TWINS); the largest of them is the run's noise band, and
                           "packrat vs fat" is called faster / tie / slower against it
+
+With tuning (packrat bench --tuned; fat-tuned = 1 worker x T threads, cap B, in
+the mode tuned for B; tuned = the tuned (mode, plan) for B):
+
+* mode gain             = fat p50 / fat-tuned p50   (same shape, other mode)
+* shape gain            = fat-tuned p50 / tuned p50 (same mode, other shape),
+                          called faster / tie / slower against the noise band
+* total gain            = fat p50 / tuned p50 = mode gain x shape gain
 
 A measurement with failed requests is shown but never used as a latency.
 """
@@ -57,6 +66,17 @@ class SummaryRow:
     worker_gap: float | None = None
     vs_fat: str = ""  # "faster" | "tie" | "slower" against the run's noise band; "" unknown
     oracle_shape_match: bool | None = None  # packrat's shape is the oracle's best shape
+    # With tuning: fat in the archive's own mode (fat_mode), fat-tuned and tuned in tuned_mode.
+    fat_mode: str | None = None
+    fat_tuned_ms: float | None = None
+    tuned_ms: float | None = None
+    tuned_mode: str | None = None
+    tuned_shape: str | None = None
+    tuned_predicted_ms: float | None = None
+    mode_gain: float | None = None  # fat / fat-tuned
+    shape_gain: float | None = None  # fat-tuned / tuned
+    total_gain: float | None = None  # fat / tuned
+    vs_fat_tuned: str = ""  # tuned against fat-tuned: "faster" | "tie" | "slower" | "same shape" | ""
 
 
 @dataclass(frozen=True)
@@ -68,24 +88,34 @@ class RepeatPair:
     shape: str
     first_ms: float
     second_ms: float
+    mode: str | None = None
 
     @property
     def diff(self) -> float:
         return abs(self.second_ms / self.first_ms - 1.0)
 
 
+# A configuration measured on its own even when its (mode, shape) is another's: each
+# such pair at one (model, B) is one configuration run twice, minutes apart.
+TWINS: dict[str, tuple[str, ...]] = {
+    "packrat": ("fat", "oracle"),
+    "fat-tuned": ("fat", "oracle", "packrat"),  # when the tuned mode is the archive's own
+    "tuned": ("fat-tuned", "fat", "oracle", "packrat"),
+}
+
+
 def repeat_pairs(ms: Sequence[Measurement]) -> list[RepeatPair]:
-    """packrat's measurement beside the fat/oracle measurement of the same shape, per (model, B)."""
+    """Every measurement beside its twins (same model, B, mode and shape; see TWINS)."""
     by_key = latest(ms)
     out = []
     for m in by_key.values():
-        if m.config != "packrat" or not m.valid:
+        if m.config not in TWINS or not m.valid:
             continue
         twins = [o for o in by_key.values() if o.model == m.model and o.batch == m.batch
-                 and o.config in ("fat", "oracle") and o.shape == m.shape and o.valid]
+                 and o.config in TWINS[m.config] and o.shape == m.shape and o.mode == m.mode and o.valid]
         for o in twins:
             first, second = sorted((o, m), key=lambda x: x.time)
-            out.append(RepeatPair(m.model, m.batch, m.shape, first.p50, second.p50))
+            out.append(RepeatPair(m.model, m.batch, m.shape, first.p50, second.p50, m.mode))
     return sorted(out, key=lambda r: (r.model, r.batch))
 
 
@@ -136,6 +166,9 @@ def summarise(ms: Sequence[Measurement]) -> list[SummaryRow]:
             return max(cands, key=lambda m: m.time) if cands else None
 
         fat, defaults, packrat = one("fat"), one("defaults"), one("packrat")
+        fat_tuned, tuned = one("fat-tuned"), one("tuned")
+        ft, tn = (fat_tuned.p50 if fat_tuned else None), (tuned.p50 if tuned else None)
+        shape_gain = _ratio(ft, tn)
         oracle_cands = [m for m in group if m.config in ("oracle", "fat") and m.valid]
         oracle = min(oracle_cands, key=lambda m: m.p50) if oracle_cands else None
         p = packrat.p50 if packrat else None
@@ -167,6 +200,17 @@ def summarise(ms: Sequence[Measurement]) -> list[SummaryRow]:
                 # Fat's own shape measured twice is a repeat, never a win or a loss.
                 vs_fat="same shape" if packrat and fat and packrat.shape == fat.shape else verdict(speedup, band),
                 oracle_shape_match=(packrat.shape == oracle.shape) if packrat and oracle else None,
+                fat_mode=fat.mode if fat else None,
+                fat_tuned_ms=ft,
+                tuned_ms=tn,
+                tuned_mode=tuned.mode if tuned else (fat_tuned.mode if fat_tuned else None),
+                tuned_shape=tuned.shape if tuned else None,
+                tuned_predicted_ms=tuned.predicted_ms if tuned else None,
+                mode_gain=_ratio(fat.p50 if fat else None, ft),
+                shape_gain=shape_gain,
+                total_gain=_ratio(fat.p50 if fat else None, tn),
+                vs_fat_tuned=("same shape" if tuned and fat_tuned and tuned.shape == fat_tuned.shape
+                              and tuned.mode == fat_tuned.mode else verdict(shape_gain, band)),
             )
         )
     return rows
@@ -210,12 +254,54 @@ def summary_markdown(rows: Sequence[SummaryRow]) -> str:
     return "\n".join(out)
 
 
+def tuned_markdown(rows: Sequence[SummaryRow]) -> str:
+    """Mode gain x shape gain per model and B; "" when no tuned configuration was measured."""
+    tuned = [r for r in rows if r.fat_tuned_ms is not None or r.tuned_ms is not None]
+    out = []
+    for model in sorted({r.model for r in tuned}):
+        out += [
+            f"### {model}",
+            "",
+            "| B | fat p50 ms | fat mode | fat-tuned p50 ms | tuned mode | tuned shape | tuned p50 ms"
+            " | mode gain | shape gain | total gain | tuned vs fat-tuned | tuned predicted ms |",
+            "|---:|---:|---|---:|---|---|---:|---:|---:|---:|---|---:|",
+        ]
+        for r in (r for r in tuned if r.model == model):
+            out.append(
+                f"| {r.batch} | {_f(r.fat_ms)} | {r.fat_mode or '–'} | {_f(r.fat_tuned_ms)} | {r.tuned_mode or '–'}"
+                f" | {r.tuned_shape or '–'} | {_f(r.tuned_ms)} | {_x(r.mode_gain)} | {_x(r.shape_gain)}"
+                f" | {_x(r.total_gain)} | {r.vs_fat_tuned or '–'} | {_f(r.tuned_predicted_ms)} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def tunes_markdown(records: Sequence[dict]) -> str:
+    """One line per tune: time, outcome, each mode's state, the choice at the tune's B."""
+    lines = []
+    for r in records:
+        if r.get("kind") != "tune":
+            continue
+        modes = ", ".join(
+            f"{m} {d.get('state')}" + (f" ({str(d['reason'])[:120]})" if d.get("state") in ("refused", "failed")
+                                      and d.get("reason") else "")
+            for m, d in (r.get("modes") or {}).items())
+        choice = r.get("choice") or {}
+        shape = "+".join(f"{i['threads']}t,b{i['batch']}" for i in choice.get("instances", []))
+        lines.append(f"- {r.get('model')}: {r.get('state')} in {r.get('seconds')} s at B={r.get('batch')}"
+                     f" (budget {r.get('budget_s')} s); modes: {modes or '–'}"
+                     + (f"; choice {choice.get('mode')} [{shape}]" if choice else "")
+                     + (f"; error: {str(r['error'])[:200]}" if r.get("error") else "") + "\n")
+    return "".join(lines)
+
+
 def repeats_markdown(pairs: Sequence[RepeatPair]) -> str:
     if not pairs:
         return "No shape was measured twice at one B, so this run has no noise band.\n"
-    out = ["| model | B | shape | first p50 ms | second p50 ms | difference |", "|---|---:|---|---:|---:|---:|"]
+    out = ["| model | B | mode | shape | first p50 ms | second p50 ms | difference |",
+           "|---|---:|---|---|---:|---:|---:|"]
     for r in pairs:
-        out.append(f"| {r.model} | {r.batch} | {r.shape} | {r.first_ms:.1f} | {r.second_ms:.1f} | {r.diff * 100:.1f} % |")
+        out.append(f"| {r.model} | {r.batch} | {r.mode or '–'} | {r.shape} | {r.first_ms:.1f} | {r.second_ms:.1f} | {r.diff * 100:.1f} % |")
     diffs = sorted(p.diff for p in pairs)
     out += ["", f"Noise band (largest difference): {diffs[-1] * 100:.1f} %; median {diffs[len(diffs) // 2] * 100:.1f} %"
             f" over {len(diffs)} pairs."]
@@ -224,9 +310,9 @@ def repeats_markdown(pairs: Sequence[RepeatPair]) -> str:
 
 def measurements_markdown(ms: Sequence[Measurement]) -> str:
     out = [
-        "| model | B | config | shape | p50 ms | p95 ms | p99 ms | throughput req/s | ok / planned | errors | predicted ms"
-        " | server mean ms | queue ms | worker ms | mean batch |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | B | config | mode | shape | p50 ms | p95 ms | p99 ms | throughput req/s | ok / planned | errors"
+        " | predicted ms | server mean ms | queue ms | worker ms | mean batch |",
+        "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     order = {c: i for i, c in enumerate(CONFIGS)}
     for m in sorted(latest(ms).values(), key=lambda m: (m.model, m.batch, order[m.config], m.shape)):
@@ -235,7 +321,7 @@ def measurements_markdown(ms: Sequence[Measurement]) -> str:
         if ld.get("error_kinds"):
             errs += " (" + ", ".join(f"{k}: {v}" for k, v in ld["error_kinds"].items()) + ")"
         out.append(
-            f"| {m.model} | {m.batch} | {m.config} | {m.shape} | {_f(ld.get('p50_ms'))} | {_f(ld.get('p95_ms'))}"
+            f"| {m.model} | {m.batch} | {m.config} | {m.mode or '–'} | {m.shape} | {_f(ld.get('p50_ms'))} | {_f(ld.get('p95_ms'))}"
             f" | {_f(ld.get('p99_ms'))} | {_f(ld.get('throughput_rps'))} | {ld.get('ok', 0)} / {ld.get('requested', '?')}"
             f"{' (cut short)' if _cut(m) else ''} | {errs}"
             f" | {_f(m.predicted_ms)} | {_f(server(m).get('mean_ms'))} | {_f(server(m).get('queue_ms'))}"
@@ -297,7 +383,7 @@ def measurement_rows(ms: Sequence[Measurement]) -> list[dict]:
     keys = ("ok", "errors", "mean_ms", "p50_ms", "p95_ms", "p99_ms", "max_ms", "throughput_rps",
             "duration_s", "generator_cpu_ms_per_request", "mean_batch_size")
     return [
-        {"model": m.model, "batch": m.batch, "config": m.config, "shape": m.shape,
+        {"model": m.model, "batch": m.batch, "config": m.config, "mode": m.mode, "shape": m.shape,
          "predicted_ms": m.predicted_ms, **{k: m.load.get(k) for k in keys},
          **{f"server_{k}": server(m).get(k) for k in ("mean_ms", "queue_ms", "worker_ms")}}
         for m in sorted(latest(ms).values(), key=lambda m: (m.model, m.batch, m.config, m.shape))
@@ -318,6 +404,8 @@ def plot(rows: Sequence[SummaryRow], path: Path) -> None:
         "defaults": dict(color="tab:gray", marker="^"),
         "packrat": dict(color="tab:blue", marker="o", linewidth=2),
         "oracle": dict(color="tab:green", marker="x", linestyle="--"),
+        "fat-tuned": dict(color="tab:orange", marker="s", linestyle="--"),
+        "tuned": dict(color="tab:purple", marker="o", linewidth=2),
     }
     try:
         for ax, model in zip(axes[0], models):
@@ -327,6 +415,8 @@ def plot(rows: Sequence[SummaryRow], path: Path) -> None:
                 "defaults": [(r.batch, r.defaults_ms) for r in mine],
                 "packrat": [(r.batch, r.packrat_ms) for r in mine],
                 "oracle": [(r.batch, r.oracle_ms) for r in mine],
+                "fat-tuned": [(r.batch, r.fat_tuned_ms) for r in mine],
+                "tuned": [(r.batch, r.tuned_ms) for r in mine],
             }
             for name, pts in series.items():
                 pts = [(b, v) for b, v in pts if v is not None]
@@ -372,8 +462,18 @@ def write_report(results: str | Path, out_dir: str | Path | None = None, *, char
             md += ["Machine: " + ", ".join(f"{k} {v}" for k, v in run["machine"].items()), ""]
     md += ["## Summary (p50 end-to-end latency)", "", summary_markdown(rows),
            "\"(=)\": packrat's shape is the oracle's. \"faster / tie / slower\": packrat against fat, judged"
-           " against the noise band below; \"same shape\": packrat chose fat's shape.", "",
-           "## Repeat noise (one shape measured twice at one B)", "", repeats_markdown(repeat_pairs(ms)),
+           " against the noise band below; \"same shape\": packrat chose fat's shape.", ""]
+    tuned_md = tuned_markdown(rows)
+    if tuned_md:
+        md += ["## Mode gain x shape gain (tuned)", "",
+               "fat runs the archive's own mode; fat-tuned is fat's shape in the mode tuned for B; tuned is"
+               " the tuned (mode, plan) for B. mode gain = fat / fat-tuned, shape gain = fat-tuned / tuned,"
+               " total = fat / tuned = mode gain x shape gain (p50). \"tuned vs fat-tuned\": judged against"
+               " the noise band below; \"same shape\": the tune chose fat's shape.", "", tuned_md]
+    tunes = tunes_markdown(records)
+    if tunes:
+        md += ["## Tunes (one per model)", "", tunes]
+    md += ["## Repeat noise (one shape in one mode measured twice at one B)", "", repeats_markdown(repeat_pairs(ms)),
            "## All measurements", "", measurements_markdown(ms)]
     cap = capacity_markdown(records)
     if cap:

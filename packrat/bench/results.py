@@ -4,9 +4,12 @@ A run writes to `<out>/results.jsonl`. Each line has a `kind`:
 
 * `run`          what was run: command line, mode, machine, start time;
 * `measurement`  one configuration at one load B: model, B, config
-                 ("fat" | "defaults" | "packrat" | "oracle"), the shape that was
-                 live, the optimiser's prediction (if any) and the load generator's
-                 summary (`load`: p50/p95/p99, throughput, errors, ...);
+                 ("fat" | "defaults" | "packrat" | "oracle" | "fat-tuned" | "tuned"),
+                 the shape and execution mode that were live, the optimiser's
+                 prediction (if any) and the load generator's summary (`load`:
+                 p50/p95/p99, throughput, errors, ...);
+* `tune`         the one tune of a model (packrat.bench.tuned): its time, state,
+                 every mode's outcome and the choice at the tune's B;
 * `capacity`     the load generator measured against a target that does no work;
 * `note`         something that went wrong or was skipped (kept, not hidden).
 
@@ -26,7 +29,9 @@ from typing import Any
 
 from packrat.errors import ConfigError
 
-CONFIGS = ("fat", "defaults", "packrat", "oracle")
+# fat, packrat and oracle run in the archive's own mode; fat-tuned (1 worker x T threads,
+# cap B) and tuned (the tune's (mode, plan) for B) in the mode the tune chose for B.
+CONFIGS = ("fat", "defaults", "packrat", "oracle", "fat-tuned", "tuned")
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,7 @@ class Measurement:
     run_id: str = ""
     time: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    mode: str | None = None  # execution mode that served it; None: not recorded (older runs)
 
     @property
     def p50(self) -> float | None:
@@ -66,6 +72,7 @@ class Measurement:
             "predicted_ms": self.predicted_ms,
             "load": self.load,
             "extra": self.extra,
+            "mode": self.mode,
         }
 
     @staticmethod
@@ -85,6 +92,7 @@ class Measurement:
                 run_id=str(d.get("run_id", "")),
                 time=float(d.get("time", 0.0)),
                 extra=dict(d.get("extra") or {}),
+                mode=None if d.get("mode") is None else str(d["mode"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"malformed measurement record: {exc}: {d!r}") from exc

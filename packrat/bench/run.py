@@ -7,11 +7,16 @@
         profile it in isolation (nothing of ours is serving meanwhile)
         register it twice: as "<m>-defaults" the way TorchServe runs it untuned
             (T workers, torch's own thread counts, batch 1), and as "<m>" for plans
+        with tuning on: tune "<m>" once (Controller.start_tune at the first B measured;
+            the profile above is reused for the archive's own mode), which leaves one
+            profile per execution mode (packrat.bench.tuned)
         for each B (middle, largest, smallest, then the rest):
-            fat      1 worker, T threads, batch cap B       (applied as a plan)
-            oracle   every other realisable uniform shape ⟨i, T/i, ⌈B/i⌉⟩
-            packrat  the optimiser's realisable plan for B (live-plan swap)
-            defaults the idle "<m>-defaults" model
+            fat       1 worker, T threads, batch cap B       (applied as a plan)
+            oracle    every other realisable uniform shape ⟨i, T/i, ⌈B/i⌉⟩
+            packrat   the optimiser's realisable plan for B (live-plan swap)
+            fat-tuned 1 worker, T threads, batch cap B, in the mode tuned for B
+            tuned     the tuned (mode, plan) for B: plans_per_mode over the modes' profiles
+            defaults  the idle "<m>-defaults" model
             -> each measured with B closed-loop clients
         unregister it
 
@@ -39,6 +44,7 @@ from typing import Any
 from packrat.apply.versions import batch_delay_ms
 from packrat.bench.loadgen import LoadResult, Target, closed_loop
 from packrat.bench.results import CONFIGS, Measurement, ResultLog, shape_label
+from packrat.bench.tuned import TUNED_CONFIGS, TunedPair
 from packrat.errors import ConfigError, PackratError
 from packrat.observe.metrics import window_means
 from packrat.plan import every_uniform_plan
@@ -78,7 +84,14 @@ class BenchSettings:
     profile_path: Path | None = None  # reuse this profile instead of profiling (one model only)
     runtime: str = "eager"
     batch_delay_ms: int | None = None  # maxBatchDelay of every plan; None: Packrat's (versions.batch_delay_ms)
-    configs: tuple[str, ...] = CONFIGS  # which of fat, defaults, packrat, oracle to measure
+    configs: tuple[str, ...] = CONFIGS  # which of fat, defaults, packrat, oracle, fat-tuned, tuned to measure
+    # Tune each model once (fat-tuned and tuned need it): Controller.start_tune at tune_batch
+    # (None: the first B measured), profiles up to the largest B.
+    tune: bool = False
+    tune_budget_s: float | None = None  # per model; None: the tune's default (packrat.tune.DEFAULT_BUDGET_S)
+    tune_modes: tuple[str, ...] | None = None  # None: the tune's short list for the task
+    tune_point_budget_s: float | None = None  # None: the tune's default
+    tune_batch: int | None = None
     attach: Path | None = None  # workdir of a TorchServe started by packrat.server
     cores: tuple[int, ...] | None = None  # default: this process's affinity
     capacity: bool = True
@@ -90,6 +103,11 @@ class BenchSettings:
     @property
     def T(self) -> int:  # noqa: N802 (the design's name for the core count)
         return len(self.cores or ())
+
+    @property
+    def tuning(self) -> bool:
+        """Tune each model: asked for, and a tuned configuration is to be measured."""
+        return self.tune and any(c in self.configs for c in TUNED_CONFIGS)
 
     def point_requests(self, batch: int) -> tuple[int, int]:
         """(measured, warm-up) request counts for load B."""
@@ -106,11 +124,15 @@ def quick_settings(out: Path, **kw: Any) -> BenchSettings:
 
 
 def full_settings(out: Path, **kw: Any) -> BenchSettings:
-    # ~40 min on 2 cores: 3 x (profile <= 2 min + ~12 swaps + ~24 measurements of <= 45 s)
-    base = dict(models=FULL_MODELS, batches=FULL_BATCHES, out=out, mode="full", budget_s=40 * 60.0,
+    # Untuned ~40 min on 2 cores: 3 x (profile <= 2 min + ~12 swaps + ~24 measurements of <= 45 s).
+    # Tuned adds per model a tune (<= 6 min: 2-3 modes besides the archive's own, whose
+    # profile is reused, up to batch 32) and 2 x 6 measurements with their swaps (~12 min).
+    tune = kw.get("tune", True)
+    base = dict(models=FULL_MODELS, batches=FULL_BATCHES, out=out, mode="full",
+                budget_s=(100 if tune else 40) * 60.0, tune=tune, tune_budget_s=360.0 if tune else None,
                 min_requests=40, rounds=5, max_point_s=45.0, profile_budget_s=150.0,
                 profile_point_budget_s=6.0)
-    base.update(kw)
+    base.update({k: v for k, v in kw.items() if not (k == "tune_budget_s" and v is None)})
     return BenchSettings(**base)
 
 
@@ -275,6 +297,11 @@ class _State:
     base_url: str
     live_shape: tuple[tuple[int, int], ...] | None = None  # None: the plain base version
     registered: bool = False
+    base_mode: str | None = None  # the archive's own execution mode
+    live_mode: str | None = None  # the live version's mode (None: the base mode)
+
+    def mode_of(self, plan: Plan) -> str | None:
+        return plan.mode or self.base_mode
 
 
 class Bench:
@@ -429,12 +456,12 @@ class Bench:
         return self._controller
 
     def apply_plan(self, st: _State, plan: Plan) -> dict[str, Any] | None:
-        """Make `plan` live through the live-plan swap, unless that shape is live already."""
+        """Make `plan` live through the live-plan swap, unless that shape is live already in its mode."""
         shape = plan.shape
-        if st.live_shape == shape:
+        if st.live_shape == shape and (st.live_mode or st.base_mode) == st.mode_of(plan):
             return None
         record = self.controller().apply(st.model, plan)
-        st.live_shape = shape
+        st.live_shape, st.live_mode = shape, st.mode_of(plan)
         return {"swap_s": record.duration_s, "phases_s": dict(record.phases_s), "to_version": record.to_version,
                 "warnings": list(record.warnings)}
 
@@ -474,6 +501,7 @@ class Bench:
     def measure(self, st: _State, batch: int, config: str, plan: Plan | None, target: Target,
                 extra: dict[str, Any] | None = None, deadline: float | None = None,
                 after_swap: bool = False) -> Measurement:
+        mode = st.base_mode if plan is None else st.mode_of(plan)
         n, warm = self.s.point_requests(batch)
         if after_swap:
             time.sleep(self.s.settle_s)
@@ -495,22 +523,25 @@ class Bench:
             pred = predicted(plan)
         m = Measurement(
             model=st.model.removesuffix("-defaults"), batch=batch, config=config, shape=shape, instances=inst, predicted_ms=pred,
-            load=res.summary(),
+            load=res.summary(), mode=mode,
             extra={"loadavg_1m_before": round(load_before, 2), "requests": n, "warmup": warm,
                    **({"server": server} if server else {}), **(extra or {})},
         )
         self.log.measurement(m)
         missing = n - res.ok - res.errors
         self.say(
-            f"{st.model:>10} B={batch:<3} {config:<8} {shape:<22} p50 {res.p50_ms or float('nan'):8.1f} ms"
+            f"{st.model:>10} B={batch:<3} {config:<9} {(mode or '') + ' ' + shape:<36} p50 {res.p50_ms or float('nan'):8.1f} ms"
             f"  p99 {res.p99_ms or float('nan'):8.1f}  {res.throughput_rps:7.1f} req/s"
             f"  pred {pred or float('nan'):7.1f}  err {res.errors}" + (f"  (cut short: {missing} not sent)" if missing else "")
         )
         return m
 
     # -- the loop ---------------------------------------------------------------------
+    def steps_per_b(self, batch: int) -> int:
+        return 2 + len(every_uniform_plan(self.s.T, batch, None)) + (len(TUNED_CONFIGS) if self.s.tuning else 0)
+
     def steps_per_model(self) -> int:
-        return 1 + sum(2 + len(every_uniform_plan(self.s.T, b, None)) for b in self.s.batches)
+        return 1 + int(self.s.tuning) + sum(self.steps_per_b(b) for b in self.s.batches)
 
     def run(self) -> Path:
         from tqdm import tqdm
@@ -545,76 +576,155 @@ class Bench:
         return self.log.path
 
     def _one_model(self, spec: str, realizable_plan: Callable, model_deadline: float) -> None:
+        from packrat.apply.versions import served_mode
+
         bar = self._bar
         bar.set_postfix_str(f"{spec}: archive + sample request")
         name, archive = prepare_archive(spec, self.model_store, workers=self.s.T, runtime=self.s.runtime)
         body, ctype = sample_request(archive)
+        base_mode = served_mode(archive)
         self.log.append("model", {"model": name, "archive": str(archive), "content_type": ctype,
-                                  "body_bytes": len(body)})
+                                  "body_bytes": len(body), "mode": base_mode})
         bar.set_postfix_str(f"{name}: profiling")
         profile = self.profile(name, archive)
         bar.update(1)
-        st = _State(model=name, base_url=archive.name)
+        st = _State(model=name, base_url=archive.name, base_mode=base_mode)
         # The defaults live beside the plans as a model of their own (same archive, another
         # name), registered once and idle while the plans are measured: every B then gets
-        # all four configurations back to back, and a time cut loses whole B rows only.
-        dst = _State(model=f"{name}-defaults", base_url=archive.name)
+        # all configurations back to back, and a time cut loses whole B rows only.
+        dst = _State(model=f"{name}-defaults", base_url=archive.name, base_mode=base_mode)
         try:
             bar.set_postfix_str(f"{name}: register")
-            self.register_defaults(dst)
+            if "defaults" in self.s.configs:
+                self.register_defaults(dst)
             # The plans' model starts from the plain archive with one worker; the first
-            # plan swaps it out.
+            # plan (or the tune's choice) swaps it out.
             self.client().register(st.base_url, st.model, 1)
             st.registered = True
+            tuned = False
+            if self.s.tuning:
+                tuned = self.tune(st, archive, profile, model_deadline)
+                bar.update(1)
             for b in measure_order(self.s.batches):
-                cands = every_uniform_plan(self.s.T, b, profile)
-                try:
-                    pk = realizable_plan(profile, self.s.T, b)
-                except PackratError as exc:
-                    self.note(f"no packrat plan: {exc}", model=name, batch=b)
-                    pk = None
-                steps: list[tuple[str, Plan | None]] = (
-                    [("fat", cands[0])] + [("oracle", p) for p in cands[1:]] + ([("packrat", pk)] if pk else [])
-                )
-                # The packrat plan comes right after the candidate of the same shape when there
-                # is one, so it needs no swap of its own; it is still measured on its own.
-                if pk is not None:
-                    same = [i for i, (_, p) in enumerate(steps[:-1]) if p.shape == pk.shape]
-                    if same:
-                        steps.insert(same[0] + 1, steps.pop())
-                steps.append(("defaults", None))
-                skipped = [c for c, _ in steps if c not in self.s.configs]
-                steps = [(c, p) for c, p in steps if c in self.s.configs]
+                steps = self.steps_for(st, b, profile, realizable_plan, archive if tuned else None)
+                skipped = [c for c, _, _ in steps if c not in self.s.configs]
+                steps = [x for x in steps if x[0] in self.s.configs]
                 bar.update(len(skipped))
-                for config, plan in steps:
+                for config, plan, info in steps:
                     if time.monotonic() > model_deadline:
                         self.note("skipped: time budget", model=name, batch=b, config=config)
                         bar.update(1)
                         continue
                     if plan is None:
                         bar.set_postfix_str(f"{name} B={b} defaults")
-                        m = self.measure(dst, b, "defaults", None, self.target(dst.model, body, ctype),
-                                         deadline=model_deadline)
+                        self.measure(dst, b, "defaults", None, self.target(dst.model, body, ctype),
+                                     deadline=model_deadline)
                         bar.update(1)
                         continue
-                    bar.set_postfix_str(f"{name} B={b} {config} {shape_label(plan.shape)}")
+                    bar.set_postfix_str(f"{name} B={b} {config} {st.mode_of(plan)} {shape_label(plan.shape)}")
                     try:
                         swap = self.apply_plan(st, plan)
                     except PackratError as exc:
-                        self.note(f"could not apply {shape_label(plan.shape)}: {exc}", model=name,
-                                  batch=b, config=config)
+                        self.note(f"could not apply {st.mode_of(plan)} {shape_label(plan.shape)}: {exc}",
+                                  model=name, batch=b, config=config)
                         st.live_shape = "unknown"  # type: ignore[assignment]
                         bar.update(1)
                         continue
                     extra = {"swap": swap} if swap else {"swap": "none: shape already live"}
                     extra["batch_delay_ms"] = batch_delay_ms(plan, self.s.batch_delay_ms)
-                    if config == "packrat":
-                        extra["fat_predicted_ms"] = pk.fat_latency_ms
-                    self.measure(st, b, config, plan, self.target(name, body, ctype), extra, deadline=model_deadline,
-                                 after_swap=swap is not None)
+                    self.measure(st, b, config, plan, self.target(name, body, ctype), {**extra, **info},
+                                 deadline=model_deadline, after_swap=swap is not None)
                     bar.update(1)
-                bar.update(max(0, 2 + len(every_uniform_plan(self.s.T, b, None)) - len(steps) - len(skipped)))
+                bar.update(max(0, self.steps_per_b(b) - len(steps) - len(skipped)))
         finally:
             bar.set_postfix_str(f"{name}: unregister")
             self.unregister_all(st)
             self.unregister_all(dst)
+
+    def steps_for(self, st: _State, batch: int, profile: Profile, realizable_plan: Callable,
+                  tuned_from: Path | None) -> list[tuple[str, Plan | None, dict[str, Any]]]:
+        """(config, plan, extra fields) to measure at load `batch`, in order; plan None: defaults.
+
+        `tuned_from`: the base archive of a model the tune finished for (None: no tuned configs).
+        """
+        cands = every_uniform_plan(self.s.T, batch, profile)
+        try:
+            pk = realizable_plan(profile, self.s.T, batch)
+        except PackratError as exc:
+            self.note(f"no packrat plan: {exc}", model=st.model, batch=batch)
+            pk = None
+        base: list[tuple[str, Plan | None, dict[str, Any]]] = (
+            [("fat", cands[0], {})] + [("oracle", p, {}) for p in cands[1:]])
+        # The packrat plan comes right after the candidate of the same shape when there
+        # is one, so it needs no swap of its own; it is still measured on its own.
+        if pk is not None:
+            same = [i for i, (_, p, _) in enumerate(base) if p is not None and p.shape == pk.shape]
+            base.insert(same[0] + 1 if same else len(base), ("packrat", pk, {"fat_predicted_ms": pk.fat_latency_ms}))
+        tuned: list[tuple[str, Plan | None, dict[str, Any]]] = []
+        pair = self.tuned_pair(st, batch, tuned_from) if tuned_from is not None else None
+        live = (st.live_mode or st.base_mode, st.live_shape)
+
+        def is_live(step: tuple[str, Plan | None, dict[str, Any]]) -> bool:
+            return step[1] is not None and (st.mode_of(step[1]), step[1].shape) == live
+
+        if pair is not None:
+            info = {"per_mode": list(pair.per_mode)}
+            tuned = [("fat-tuned", pair.fat, info),
+                     ("tuned", pair.tuned, {**info, "fat_predicted_ms": pair.tuned.fat_latency_ms})]
+            if is_live(tuned[1]):
+                tuned.reverse()  # e.g. the tune's own choice, still live: measured without a swap
+        # What is live is measured first: it needs no swap (each swap loads new workers).
+        tuned_first = any(is_live(x) for x in tuned) or (
+            not any(is_live(x) for x in base) and st.live_mode not in (None, st.base_mode))
+        return (tuned + base if tuned_first else base + tuned) + [("defaults", None, {})]
+
+    # -- tuning -----------------------------------------------------------------------
+    def tune(self, st: _State, archive: Path, profile: Profile, model_deadline: float) -> bool:
+        """Tune `st.model` once through the controller; True when it finished (its choice is live).
+
+        The bench's own profile is placed where the tune reuses it for the archive's own
+        mode. The tune's record goes to results.jsonl (kind "tune")."""
+        from packrat import tune as tuning
+        from packrat.bench.tuned import run_tune, seed_base_profile, tune_summary
+
+        ctl = self.controller()
+        if st.base_mode:
+            seed_base_profile(ctl.state_dir, st.model, st.base_mode, profile)
+        batch = self.s.tune_batch or measure_order(self.s.batches)[0]
+        # Leave at least half of the model's time to the measurements.
+        budget = min(self.s.tune_budget_s or tuning.DEFAULT_BUDGET_S,
+                     max(30.0, 0.5 * (model_deadline - time.monotonic())))
+        self._bar.set_postfix_str(f"{st.model}: tuning (B={batch}, budget {budget:.0f} s)")
+        try:
+            out = run_tune(ctl, st.model, batch=batch, budget_s=budget, modes=self.s.tune_modes,
+                           max_batch=max(batch, *self.s.batches), point_budget_s=self.s.tune_point_budget_s,
+                           on_progress=lambda text: self._bar.set_postfix_str(f"{st.model}: {text}"[:150]))
+        except PackratError as exc:
+            self.note(f"tune not started: {exc}", model=st.model)
+            return False
+        self.log.append("tune", {"model": st.model, "seconds": out.seconds, "state": out.state,
+                                 "error": out.error, **tune_summary(out.record)})
+        choice = out.choice()
+        self.say(f"{st.model}: tune {out.state} in {out.seconds:.0f} s"
+                 + (f": {choice.mode} {shape_label(choice.shape)} at B={batch}" if choice else f": {out.error}"))
+        try:  # what the tune left live (its choice, by a swap)
+            live = ctl.model_state(st.model)
+            st.live_shape = live.plan.shape if live.plan is not None else None
+            st.live_mode = live.mode
+        except PackratError:
+            st.live_shape = "unknown"  # type: ignore[assignment]
+        if not out.ok:
+            self.note(f"tune {out.state}: {out.error}"[:500] + "; fat-tuned and tuned are not measured",
+                      model=st.model)
+        return out.ok
+
+    def tuned_pair(self, st: _State, batch: int, archive: Path) -> TunedPair | None:
+        """The tuned (mode, plan) and fat in that mode at `batch`, from the modes' profiles now."""
+        from packrat.bench.tuned import mode_profiles_for, tuned_pair
+
+        try:
+            profiles = mode_profiles_for(self.controller().state_dir, st.model, archive, st.base_mode)
+            return tuned_pair(profiles, self.s.T, batch)
+        except (PackratError, OSError) as exc:
+            self.note(f"no tuned plan: {exc}", model=st.model, batch=batch, config="tuned")
+            return None

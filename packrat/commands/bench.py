@@ -39,7 +39,7 @@ def bench_command(
         help="Named architecture (bert-base, gpt2, resnet50, tiny-bert, ...) or archive directory; repeatable"),
     batches: Optional[str] = typer.Option(None, "--batches", "-b", help="Loads B, e.g. 1,2,4,8"),
     quick: bool = typer.Option(False, "--quick", help="Minutes: resnet50 at B = 1,4,8, short profile"),
-    full: bool = typer.Option(False, "--full", help="bert-base, gpt2, resnet50 at B = 1..32 (~40 min on 2 cores)"),
+    full: bool = typer.Option(False, "--full", help="bert-base, gpt2, resnet50 at B = 1..32, tuned (<= 100 min on 2 cores; ~40 min with --no-tuned)"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n",
                                            help="Measured requests per point [default: max(min, rounds x B)]"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir [default: bench-out/<time>]"),
@@ -50,14 +50,29 @@ def bench_command(
         None, "--batch-delay-ms", min=0,
         help="maxBatchDelay of every plan [default: Packrat's, a tenth of the predicted batch latency, 5-100 ms]"),
     configs: Optional[str] = typer.Option(
-        None, "--configs", help="Measure only these of fat,defaults,packrat,oracle [default: all four]"),
+        None, "--configs",
+        help="Measure only these of fat,defaults,packrat,oracle,fat-tuned,tuned (default: all; the last two "
+             "with tuning only)"),
+    tuned: Optional[bool] = typer.Option(
+        None, "--tuned/--no-tuned",
+        help="Tune each model once (every candidate mode guarded and profiled) and measure fat-tuned and "
+             "tuned (default: on with --full, off with --quick; otherwise on when --configs names them)"),
+    tune_budget: Optional[float] = typer.Option(
+        None, "--tune-budget", min=1.0,
+        help="Seconds per model's tune (default: 360 with --full, else the tune's 180)"),
+    tune_mode: Optional[list[str]] = typer.Option(
+        None, "--tune-mode", help="Mode to try besides the archive's own, repeatable (default: the tune's short list)"),
+    tune_point_budget: Optional[float] = typer.Option(
+        None, "--tune-point-budget", min=0.1, help="Seconds per profiled point in the tune (default: the tune's)"),
     budget_min: Optional[float] = typer.Option(None, "--budget-min", help="Whole-run time bound (minutes)"),
     no_capacity: bool = typer.Option(False, "--no-capacity", help="Skip the load generator's own capacity run"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
 ) -> None:
-    """Measure fat, TorchServe defaults, packrat and the oracle side by side through a real TorchServe."""
+    """Measure fat, TorchServe defaults, packrat, the oracle and (tuned) fat-tuned and tuned side by side
+    through a real TorchServe."""
     from packrat.bench.report import write_report
     from packrat.bench.run import BenchSettings, full_settings, quick_settings
+    from packrat.bench.tuned import TUNED_CONFIGS
 
     out = out or Path("bench-out") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     try:
@@ -73,6 +88,20 @@ def bench_command(
             kw["batches"] = _ints(batches)
         if configs:
             kw["configs"] = _configs(configs)
+        named_tuned = bool(configs) and any(c in kw["configs"] for c in TUNED_CONFIGS)
+        if tuned is False and named_tuned:
+            raise ConfigError(f"--configs names {' / '.join(TUNED_CONFIGS)}, which need tuning: drop --no-tuned")
+        if tuned is not None or named_tuned:
+            kw["tune"] = bool(tuned) or named_tuned
+        if tune_budget is not None:
+            kw["tune_budget_s"] = tune_budget
+        if tune_mode:
+            from packrat.tune import TuneSettings
+
+            TuneSettings(cores=1, modes=tuple(tune_mode)).validate(1)  # an unknown mode fails here, not mid-run
+            kw["tune_modes"] = tuple(tune_mode)
+        if tune_point_budget is not None:
+            kw["tune_point_budget_s"] = tune_point_budget
         if budget_min is not None:
             kw["budget_s"] = budget_min * 60.0
         if quick:
