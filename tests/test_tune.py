@@ -233,7 +233,9 @@ def stack(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
         server.stop()
 
 
-def test_tuned_by_default_under_load(stack) -> None:
+def test_tuned_by_default_under_load_then_retuned_on_request(stack) -> None:
+    """One scenario in two steps (the second needs what the first tuned, so they are one
+    test: no order between tests)."""
     server, ctl, store = stack
     load = ContinuousLoad(url=f"{server.inference_url}/predictions/{MODEL}", headers=server.inference_headers(),
                           bodies=[json.dumps({"text": f"tuning under load {i}"}).encode() for i in range(4)],
@@ -276,9 +278,10 @@ def test_tuned_by_default_under_load(stack) -> None:
     history = ctl.get("/v1/swaps").json()
     assert history and all((h["plan"].get("mode") or "fp32-eager") != "int8-eager" for h in history)
 
+    _retune_on_request_reuses_valid_profiles(server, ctl)
 
-def test_retune_on_request_reuses_valid_profiles(stack) -> None:
-    server, ctl, _ = stack
+
+def _retune_on_request_reuses_valid_profiles(server, ctl: Ctl) -> None:
     before = ctl.get(f"/v1/models/{MODEL}/status").json()
     r = ctl.post(f"/v1/models/{MODEL}/tune", {"modes": ["fp32-torchscript"], "batch": 2, "max_batch": 2,
                                                "point_budget_s": 1})
