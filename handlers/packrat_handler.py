@@ -42,10 +42,20 @@ def initialize(context: Context) -> None:
     os.environ["TS_DECODE_INPUT_REQUEST"] = "false"
     # First: claim this worker's slot and pin it, before torch starts thread pools
     # and before the model's memory is touched. None when the version has no plan.
-    from packrat.slots import claim_and_pin
+    import time
+
+    from packrat.slots import claim_and_pin, report_startup
 
     claim_and_pin(context.model_yaml_config)
+    t0 = time.perf_counter()
     _task = load_task(context.system_properties["model_dir"], context.model_yaml_config)
+    # Where this worker's start-up went, for the swap record (docs/live-plans.md):
+    # the runner times building its mode, the guard and the warm-up; the rest is model load.
+    runner = getattr(_task, "runner", None)
+    phases = dict(getattr(runner, "phases_s", None) or {})
+    phases["model_load"] = round(max(0.0, time.perf_counter() - t0 - sum(phases.values())), 3)
+    report_startup(loaded_at=time.time(), phases=phases,
+                   cache=(getattr(runner, "info", None) or {}).get("build_cache", {}))
 
 
 def handle(data: list[dict] | None, context: Context) -> list[Any] | None:

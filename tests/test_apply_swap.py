@@ -112,6 +112,22 @@ def assert_as_planned(server, client, store: Path, model: str) -> list:
     return checks
 
 
+def assert_phases_recorded(rec, checks: list) -> None:
+    """Every phase in the record (docs/live-plans.md, "Where a swap's time goes"), the ready
+    phase split from the new workers' own status files, one entry per new worker."""
+    assert [k for k, _ in rec.phases_s] == ["create", "register", "ready", "set_default", "drain",
+                                            "retire", "unregister"]
+    assert [k for k, _ in rec.ready_phases_s] == ["worker_start", "model_load", "mode_build", "guard",
+                                                  "warmup", "ready_check"]
+    assert all(v >= 0 for _, v in rec.phases_s + rec.ready_phases_s)
+    assert sorted(w["pid"] for w in rec.workers) == sorted(c.pid for c in checks)
+    assert all(w["process_start_s"] > 0 and "model_load" in w["phases_s"] for w in rec.workers)
+    # Consecutive spans of one clock: they add up (each rounded to the millisecond).
+    assert sum(v for _, v in rec.phases_s) == pytest.approx(rec.duration_s, abs=0.02)
+    live = sum(v for k, v in rec.phases_s if k in ("create", "register", "ready", "set_default"))
+    assert live == pytest.approx(rec.live_s, abs=0.02)
+
+
 def assert_all_clients_progress(load: ContinuousLoad, since: float, what: str) -> None:
     stuck = load.wait_progress(since)
     assert not stuck, f"clients {stuck} got no answer to a request sent after {what}"
@@ -146,6 +162,7 @@ def test_ten_swaps_under_load_fail_no_request(served) -> None:
             assert [d["modelVersion"] for d in client.describe_all(ECHO)] == [rec.to_version]
             checks = assert_as_planned(server, client, store, ECHO)
             assert len(checks) == len(plan.instances)
+            assert_phases_recorded(rec, checks)
             assert_all_clients_progress(load, time.monotonic(), f"swap {k}")
             assert not load.failures(), load.failures()[:3]
     samples = load.stop()
@@ -197,7 +214,11 @@ def test_real_model_swaps_both_ways_fail_no_request(served) -> None:
                 print(f"{BERT}: {rec.from_version}->{rec.to_version} {rec.duration_s}s {rec.phases_s}")
                 assert rec.outcome == "applied", rec
                 assert [d["modelVersion"] for d in client.describe_all(BERT)] == [rec.to_version]
-                assert len(assert_as_planned(server, client, store, BERT)) == len(plan.instances)
+                checks = assert_as_planned(server, client, store, BERT)
+                assert len(checks) == len(plan.instances)
+                assert_phases_recorded(rec, checks)
+                # Each worker timed its own model load (transformers' code and the weights).
+                assert all(w["phases_s"]["model_load"] > 0 for w in rec.workers)
                 assert_all_clients_progress(load, time.monotonic(), f"the swap to {rec.to_version}")
         samples = load.stop()
         print(f"{BERT}: {len(samples)} requests over 2 swaps, per client {load.per_client()}")
@@ -296,3 +317,30 @@ def test_heterogeneous_threads_in_one_version(served) -> None:
     assert by_slot[0].cores == (0, 1) and by_slot[0].torch_threads == 2
     assert by_slot[1].cores == (1,) and by_slot[1].torch_threads == 1
     assert client.describe(ECHO)["batchSize"] == 2
+
+
+def test_a_swap_records_phases_reach_the_controller_metrics() -> None:
+    """packrat_swap_phase_seconds{model, phase} gets every phase, "ready" as its six parts;
+    packrat_swaps_total{model, outcome} counts the swap (the names a dashboard uses)."""
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from packrat.control import Controller, _Metrics
+    from packrat.types import SwapRecord
+
+    registry = CollectorRegistry()
+    holder = SimpleNamespace(metrics=_Metrics(registry))
+    ready = (("worker_start", 1.0), ("model_load", 2.0), ("mode_build", 0.5), ("guard", 0.0),
+             ("warmup", 0.1), ("ready_check", 0.1))
+    phases = (("create", 0.01), ("register", 0.02), ("ready", 3.7), ("set_default", 0.01), ("drain", 2.0),
+              ("retire", 0.05), ("unregister", 0.02))
+    rec = SwapRecord("m", "p1", "p2", THIN, 0.0, outcome="applied", phases_s=phases, ready_phases_s=ready)
+    Controller._observe_phases(holder, rec)
+    holder.metrics.swaps.labels("m", "applied").inc()
+    text = generate_latest(registry).decode()
+    for name, seconds in [p for p in phases if p[0] != "ready"] + list(ready):
+        assert f'packrat_swap_phase_seconds_count{{model="m",phase="{name}"}} 1.0' in text, name
+        assert f'packrat_swap_phase_seconds_sum{{model="m",phase="{name}"}} {float(seconds)}' in text, name
+    assert 'phase="ready"' not in text
+    assert 'packrat_swaps_total{model="m",outcome="applied"} 1.0' in text

@@ -17,15 +17,24 @@ Thresholds come from `packrat.guard` in model_config.yaml (defaults below).
 A failing mode raises AccuracyGuardError carrying every number, so TorchServe
 logs it and the worker never becomes READY: the mode is refused, never served
 silently. fp32 eager is the reference itself and is not compared.
+
+The verdict is kept in the build cache (build_cache.py) per archive content,
+mode, config, library versions and CPU: the next worker of the same archive
+and mode takes it from there (a pass: no guard run; a refusal: refused at
+once with the same numbers, before its mode is built). A changed archive has
+another key and is guarded again.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 DEFAULTS: dict[str, float] = {
     "samples": 8,               # inputs compared (texts / images / prompts)
@@ -207,6 +216,64 @@ def compare_generation(mode: str, ref: list[list[int]], cand: list[list[int]],
     return GuardReport(mode, "generation", ok, {"prompts": len(diverge), "exact_prompts": exact,
                                                 "exact_fraction": frac, "first_divergence": diverge},
                        th, message, details=[{"reference": r[:n], "mode": c[:n]} for r, c in zip(ref, cand)])
+
+
+# -- the verdict, once per (archive, mode) ------------------------------------------
+
+VERDICT_FILE = "verdict.json"
+
+
+def _verdict_key(mode: str, kind: str, config: dict[str, Any]) -> dict[str, Any]:
+    from packrat_tasks.build_cache import config_digest
+
+    # Thresholds are in the config; named too so a reader of key.json sees them.
+    return {"what": "guard", "kind": kind, "thresholds": thresholds(config),
+            "config": config_digest(config)}
+
+
+def cached_verdict(model_dir: str | None, mode: str, kind: str,
+                   config: dict[str, Any]) -> dict[str, Any] | None:
+    """The GuardReport dict this archive's `mode` got before, or None (never guarded,
+    no model_dir, or the cache is unusable). Keyed by build_cache: a changed
+    archive, config, library version or CPU has no verdict yet."""
+    if model_dir is None:
+        return None
+    import json
+
+    from packrat_tasks import build_cache
+
+    try:
+        key_dir = build_cache.artifact_dir(model_dir, mode, None, _verdict_key(mode, kind, config))
+        if not build_cache.is_complete(key_dir):
+            return None
+        verdict = json.loads((key_dir / VERDICT_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        log.warning("accuracy guard: cached verdict unreadable (%s); guarding", exc)
+        return None
+    fields = set(GuardReport.__dataclass_fields__)
+    if not isinstance(verdict, dict) or not fields <= set(verdict) or verdict.get("mode") != mode:
+        return None
+    return {k: verdict[k] for k in fields}
+
+
+def store_verdict(model_dir: str | None, mode: str, kind: str, config: dict[str, Any],
+                  report: GuardReport) -> str:
+    """Keep `report` for the next worker of this archive and mode; "built", or "off"
+    when there is no cache (no model_dir, or it cannot be written: the worker goes on)."""
+    if model_dir is None:
+        return "off"
+    import json
+
+    from packrat_tasks import build_cache
+
+    data = json.dumps(report.as_dict(), default=float)
+    try:
+        key_dir = build_cache.artifact_dir(model_dir, mode, None, _verdict_key(mode, kind, config))
+        build_cache.build_once(key_dir, lambda tmp: (tmp / VERDICT_FILE).write_text(data))
+    except OSError as exc:
+        log.warning("accuracy guard: verdict not cached (%s)", exc)
+        return "off"
+    return "built"
 
 
 def enforce(report: GuardReport) -> GuardReport:

@@ -29,7 +29,7 @@ from packrat_tasks.base import (
     Batch, RequestError, Task, check_body_size, decoded_depth_exceeds, get_field,
     load_json, reject_form, request_value,
 )
-from packrat_tasks.runtime import build_runner
+from packrat_tasks.runtime import LazyModule, build_runner, model_needed
 from packrat_tasks.samples import sample_jpeg
 
 if TYPE_CHECKING:
@@ -103,8 +103,15 @@ class ImageClassificationTask(Task):
 
         section = config.get("packrat") or {}
         path = os.path.join(model_dir, section.get("model_dir", "model"))
-        self.model = transformers.AutoModelForImageClassification.from_pretrained(path).eval()
-        self.labels = self.model.config.id2label
+
+        def load() -> PreTrainedModel:
+            return transformers.AutoModelForImageClassification.from_pretrained(path).eval()
+
+        # A mode served from the build cache alone never loads the model (runtime.model_needed).
+        self.model = load() if model_needed(model_dir, config, "classification") else None
+        module = _Logits(self.model) if self.model is not None else LazyModule(lambda: _Logits(load()))
+        self.labels = (self.model.config if self.model is not None
+                       else transformers.AutoConfig.from_pretrained(path)).id2label
         self.top_k = min(int(section.get("top_k", 5)), len(self.labels))
         self.max_bytes = int(section.get("max_image_bytes", MAX_IMAGE_BYTES))
         self.max_pixels = int(section.get("max_image_pixels", MAX_IMAGE_PIXELS))
@@ -117,7 +124,7 @@ class ImageClassificationTask(Task):
         # per worker): it refuses more than twice this; parse() refuses above it.
         Image.MAX_IMAGE_PIXELS = self.max_pixels
         example = (torch.zeros(2, 3, CROP, CROP),)
-        self.runner = build_runner(self, _Logits(self.model), example, config, "classification")
+        self.runner = build_runner(self, module, example, config, "classification")
 
     def _image_bytes(self, request: dict) -> tuple[bytes, int]:
         reject_form(request)

@@ -32,12 +32,14 @@ the Runner and logged.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from packrat_tasks.precision import PRECISIONS, PrecisionError, precision_name, prepare_torch
@@ -93,6 +95,13 @@ class Runner:
     peak_rss_mb: float = 0.0  # the process's high-water mark so far (export/compile peaks)
     guard: dict[str, Any] | None = None  # GuardReport.as_dict(); None for fp32-eager
     info: dict[str, Any] = field(default_factory=dict)  # runtime details (e.g. OpenVINO properties)
+    # Seconds per start-up phase: mode_build, warmup, guard (the worker's status file reports them).
+    phases_s: dict[str, float] = field(default_factory=dict)
+    # The archive directory (build_cache keys on its content); None: build without the cache.
+    model_dir: str | None = None
+    config: dict[str, Any] | None = None  # the model_config.yaml the mode was built from
+    # int8s: makes the calibration inputs from the task (quantize_static.py); called on a cache miss only.
+    calibration: Callable[[], Any] | None = None
 
     def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
         return self.fn(*tensors)
@@ -122,28 +131,101 @@ def memory_mb() -> tuple[float, float]:
 
 
 def make_runner(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
-                config: dict[str, Any]) -> Runner:
-    """A warmed-up Runner for `module` in the configured mode (no accuracy guard)."""
+                config: dict[str, Any], model_dir: str | None = None,
+                calibration: Callable[[], Any] | None = None) -> Runner:
+    """A warmed-up Runner for `module` in the configured mode (no accuracy guard).
+
+    `model_dir`: the archive, so what the mode builds is cached per archive
+    content (build_cache.py); None builds without the cache.
+    """
     import torch
 
     name = runtime_name(config)
     precision = precision_name(config)
     if name not in RUNTIMES:
         raise ValueError(f"unknown packrat.runtime {name!r}; known: {sorted(RUNTIMES)}")
-    module.eval()
+    if (name, precision) not in LAZY_MODES:
+        module = materialize(module)  # every other builder works on the module itself
+    if not isinstance(module, LazyModule):
+        module.eval()
     rss0, _ = memory_mb()
     t0 = time.perf_counter()
-    runner = Runner(fn=None, mode=f"{precision}-{name}", threads=torch.get_num_threads())
+    runner = Runner(fn=None, mode=f"{precision}-{name}", threads=torch.get_num_threads(),
+                    model_dir=model_dir, config=config, calibration=calibration)
     runner.fn = RUNTIMES[name](module, example_inputs, config, precision, runner)
+    t1 = time.perf_counter()
     # Warm-up before READY: compiles (inductor), specialises (TorchScript's
-    # profiling executor needs two runs) and allocates (all runtimes).
-    for _ in range(2):
+    # profiling executor needs two runs) and allocates (all runtimes: one run).
+    for _ in range(WARMUP_CALLS.get(name, 1)):
         runner.fn(*example_inputs)
-    runner.build_s = round(time.perf_counter() - t0, 3)
+    t2 = time.perf_counter()
+    runner.phases_s["mode_build"] = round(t1 - t0, 3)
+    runner.phases_s["warmup"] = round(t2 - t1, 3)
+    runner.build_s = round(t2 - t0, 3)
     rss, peak = memory_mb()
     runner.rss_mb, runner.peak_rss_mb = round(rss, 1), round(peak, 1)
     runner.rss_delta_mb = round(rss - rss0, 1)
     return runner
+
+
+# Warm-up calls per runtime before READY: graph runtimes specialise on their second
+# call; the others only allocate, which one call does (BERT-base eager: 0.6 s a call).
+WARMUP_CALLS = {"torchscript": 2, "inductor": 2, "ipex": 2}
+
+# (runtime, precision) whose builder touches the module only to export it: with the
+# exported file in the build cache, such a worker never needs the framework model.
+LAZY_MODES = {(r, p) for r in ("onnxruntime", "openvino") for p in ("fp32", "bf16", "int8", "int8s")}
+
+
+class LazyModule:
+    """A module made on first use (materialize()). A task passes one when
+    model_needed() says its worker can serve from the build cache alone: importing
+    the framework's model code and reading its weights is most of a worker's start
+    (BERT-base: seconds), and an ONNX Runtime or OpenVINO worker whose exported
+    graph and guard verdict are cached never runs the module. Should the cache
+    entry vanish between the check and the build, the module is made then."""
+
+    def __init__(self, factory: Callable[[], torch.nn.Module]) -> None:
+        self._factory = factory
+        self._module: torch.nn.Module | None = None
+
+    def get(self) -> torch.nn.Module:
+        if self._module is None:
+            self._module = self._factory().eval()
+        return self._module
+
+
+def materialize(module: Any) -> torch.nn.Module:
+    return module.get() if isinstance(module, LazyModule) else module
+
+
+def _artifact_key_dir(model_dir: str, config: dict[str, Any], what: str,
+                      threads: int | None = None) -> Path:
+    """The build-cache directory cached_artifact() uses for `what` (one keying, two callers)."""
+    from packrat_tasks import build_cache
+
+    return build_cache.artifact_dir(model_dir, mode_name(config), threads,
+                                    {"what": what, "config": build_cache.config_digest(config)})
+
+
+def model_needed(model_dir: str | None, config: dict[str, Any], kind: str) -> bool:
+    """False when this worker can build its mode without the framework model: an
+    ONNX Runtime/OpenVINO mode whose exported graph and passing guard verdict are in
+    the build cache (a refused or missing verdict, or any other mode: True)."""
+    from packrat_tasks import build_cache, guard
+
+    if model_dir is None or (runtime_name(config), precision_name(config)) not in LAZY_MODES:
+        return True
+    try:
+        verdict = guard.cached_verdict(model_dir, mode_name(config), kind, config)
+        # int8s builds its quantised model under its recipe's name (quantize_static.RECIPE).
+        what = "onnx"
+        if precision_name(config) == "int8s":
+            from packrat_tasks.quantize_static import RECIPE as what
+        onnx = _artifact_key_dir(model_dir, config, what)
+    except OSError:
+        return True
+    return verdict is None or not verdict["ok"] or not build_cache.is_complete(onnx)
 
 
 def eager_reference(module: torch.nn.Module) -> Callable[..., torch.Tensor]:
@@ -155,6 +237,33 @@ def eager_reference(module: torch.nn.Module) -> Callable[..., torch.Tensor]:
             return module(*tensors)
 
     return run
+
+
+def cached_artifact(runner: Runner, what: str, build: Callable[[Path], None],
+                    threads: int | None = None) -> Path | None:
+    """build_cache for what this runner's mode builds: the directory holding `build`'s
+    files for (archive content, mode, config, `what`, threads, library versions, CPU).
+
+    None when the runner has no archive (an in-process caller) or the cache cannot
+    be used: the caller then builds in memory as before. Records "hit" or "built"
+    under runner.info["build_cache"][what] (the worker reports it in its status).
+    """
+    if runner.model_dir is None:
+        return None
+    from packrat_tasks import build_cache
+
+    extra = {"what": what, "config": build_cache.config_digest(runner.config)}
+    try:
+        # Keyed as _artifact_key_dir() keys it (runner.mode is mode_name(runner.config)).
+        key_dir, hit = build_cache.cached_build(runner.model_dir, runner.mode, build, threads=threads,
+                                                extra=extra)
+    except OSError as exc:
+        log.warning("build cache unusable for %s %s (%s): building without it", runner.mode, what, exc)
+        runner.info.setdefault("build_cache", {})[what] = "off"
+        return None
+    runner.info.setdefault("build_cache", {})[what] = "hit" if hit else "built"
+    log.info("build cache %s: %s %s (%s)", "hit" if hit else "built", runner.mode, what, key_dir)
+    return key_dir
 
 
 def build_runner(task: Task, module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
@@ -170,21 +279,45 @@ def build_runner(task: Task, module: torch.nn.Module, example_inputs: tuple[torc
     mode = mode_name(config)
     batch = None
     th = guard.thresholds(config)
-    if mode != "fp32-eager":
+    model_dir = getattr(task, "model_dir", None)
+    # The verdict is cached per (archive content, mode, config): a mode this archive
+    # passed is not re-guarded by every worker, one it failed is refused at once.
+    verdict = guard.cached_verdict(model_dir, mode, kind, config) if mode != "fp32-eager" else None
+    if verdict is not None and not verdict["ok"]:
+        log.info("%s (cached verdict)", verdict["message"])
+        guard.enforce(guard.GuardReport(**verdict))
+    t0 = time.perf_counter()
+    if mode != "fp32-eager" and verdict is None:
         # Reference first: some modes change the module in place (channels-last).
         batch = task.preprocess(guard.guard_requests(task, th))
         if not batch.valid:
             raise ValueError(f"accuracy guard: the task refused all its guard inputs: {batch.errors}")
-        task.runner = eager_reference(module)
+        task.runner = eager_reference(materialize(module))
         reference = task.forward(batch).outputs.detach().clone()
-    task.runner = runner = make_runner(module, example_inputs, config)
+    guard_s = time.perf_counter() - t0
+    calibration = None
+    if precision_name(config) == "int8s":  # calibrated from the archive's own inputs
+        from packrat_tasks.quantize_static import calibration_source
+
+        calibration = calibration_source(task, config)
+    task.runner = runner = make_runner(module, example_inputs, config, model_dir=model_dir,
+                                       calibration=calibration)
     if batch is not None:
+        t0 = time.perf_counter()
         candidate = task.forward(batch).outputs
         compare = guard.compare_classification if kind == "classification" else guard.compare_embedding
         report = compare(mode, reference, candidate, th)
         runner.guard = report.as_dict()
+        runner.info.setdefault("build_cache", {})["guard"] = guard.store_verdict(model_dir, mode, kind,
+                                                                                 config, report)
+        runner.phases_s["guard"] = round(guard_s + time.perf_counter() - t0, 3)
         log.info("%s", report.message)
         guard.enforce(report)
+    elif verdict is not None:
+        runner.guard = {**verdict, "cached": True}
+        runner.info.setdefault("build_cache", {})["guard"] = "hit"
+        runner.phases_s["guard"] = 0.0
+        log.info("%s (cached verdict)", verdict["message"])
     log.info("packrat mode %s ready: %s", mode, runner.summary())
     return runner
 
@@ -201,6 +334,10 @@ def build_generation(task: TextGenerationTask, config: dict[str, Any]) -> Runner
 
     from packrat_tasks import guard
 
+    if precision_name(config) == "int8s":
+        from packrat_tasks.quantize_static import generation_refusal
+
+        raise PrecisionError(generation_refusal())
     if runtime_name(config) != "eager":
         raise ValueError("text-generation supports packrat.runtime: eager only "
                          "(the decoding loop is not traced or exported)")
@@ -208,6 +345,7 @@ def build_generation(task: TextGenerationTask, config: dict[str, Any]) -> Runner
     th = guard.thresholds(config)
     fp32_model = task.model
     task.autocast = contextlib.nullcontext
+    tg = time.perf_counter()
     batch = task.preprocess(guard.guard_requests(task, th))
     reference = None
     if mode != "fp32-eager":
@@ -216,12 +354,16 @@ def build_generation(task: TextGenerationTask, config: dict[str, Any]) -> Runner
     t0 = time.perf_counter()
     task.model, task.autocast = prepare_torch(fp32_model, precision_name(config))
     task.model.eval()
+    t1 = time.perf_counter()
     candidate = task.forward(batch).outputs.tolist()  # also the warm-up
     task.forward(batch)
     rss, peak = memory_mb()
     runner = Runner(fn=task.model.generate, mode=mode, threads=torch.get_num_threads(),
                     build_s=round(time.perf_counter() - t0, 3), rss_mb=round(rss, 1),
                     rss_delta_mb=round(rss - rss0, 1), peak_rss_mb=round(peak, 1))
+    # The greedy runs are both the warm-up and the guard's candidate: counted as warm-up.
+    runner.phases_s = {"guard": round(t0 - tg, 3), "mode_build": round(t1 - t0, 3),
+                       "warmup": round(time.perf_counter() - t1, 3)}
     if reference is not None:
         report = guard.compare_generation(mode, reference, candidate, th)
         runner.guard = report.as_dict()
@@ -276,12 +418,33 @@ def _torchscript(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ..
     nhwc = _channels_last(module, example_inputs)
     runner.info["channels_last"] = nhwc
     example = _nhwc(example_inputs, nhwc)
-    # Traced and frozen under the same autocast the calls run in, so the graph
-    # records the bf16 casts and freezing folds them into bf16 weights.
-    with torch.no_grad(), ctx():
-        traced = torch.jit.trace(module, example, check_trace=False)
-        frozen = torch.jit.freeze(traced.eval())
-        if precision != "int8":  # its passes do not know quantised linear packs
+    built: list[torch.jit.ScriptModule] = []
+
+    def trace_and_freeze(directory: Path | None = None) -> None:
+        # Traced and frozen under the same autocast the calls run in, so the graph
+        # records the bf16 casts and freezing folds them into bf16 weights.
+        with torch.no_grad(), ctx():
+            traced = torch.jit.trace(module, example, check_trace=False)
+            built.append(torch.jit.freeze(traced.eval()))
+        if directory is not None:  # the frozen graph, before the CPU-specific passes below
+            torch.jit.save(built[0], str(directory / "frozen.pt"))
+
+    try:
+        key_dir = cached_artifact(runner, "torchscript", trace_and_freeze)
+    except RuntimeError as exc:  # a graph torch.jit.save cannot serialise: keep the in-memory one
+        if not built:
+            raise
+        log.warning("frozen TorchScript not cached (%s)", exc)
+        key_dir = None
+    if built:
+        frozen = built[0]
+    elif key_dir is not None:
+        frozen = torch.jit.load(str(key_dir / "frozen.pt"))
+    else:
+        trace_and_freeze()
+        frozen = built[0]
+    if precision != "int8":  # its passes do not know quantised linear packs
+        with torch.no_grad(), ctx():
             frozen = torch.jit.optimize_for_inference(frozen)
 
     def run(*tensors: torch.Tensor) -> torch.Tensor:
@@ -384,6 +547,64 @@ def export_onnx(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...
     return path
 
 
+@contextlib.contextmanager
+def _onnx_file(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], precision: str,
+               runner: Runner) -> Iterator[tuple[str, bool]]:
+    """(path, cached): the exported ONNX file from the build cache (exported once per
+    archive, mode and config), or exported into a temporary directory removed afterwards."""
+    names: list[str] = []
+
+    def export(directory: Path) -> None:
+        names.append(os.path.basename(export_onnx(materialize(module), example_inputs, str(directory),
+                                                  precision)))
+        (directory / "onnx-file").write_text(names[0])
+
+    key_dir = cached_artifact(runner, "onnx", export)
+    if key_dir is not None:
+        yield str(key_dir / (key_dir / "onnx-file").read_text().strip()), True
+        return
+    with tempfile.TemporaryDirectory(prefix="packrat-onnx-") as tmp:
+        yield export_onnx(materialize(module), example_inputs, tmp, precision), False
+
+
+def _compile_openvino_cached(core: Any, path: str, cache: Path, props: dict[str, Any],
+                             runner: Runner) -> Any:
+    """compile_model with OpenVINO's own model cache (CACHE_DIR) inside the build-cache
+    entry: the first worker compiles and writes the blob (its name hashes the model
+    path and the properties, thread count included), later ones import it.
+
+    Compiled from the path (not a read_model() object) so a cache hit never reads
+    the ONNX file; under a file lock so workers starting together compile once
+    and never read a blob another one is still writing.
+    """
+    from filelock import FileLock
+
+    with FileLock(str(cache) + ".lock"):
+        before = set(os.listdir(cache)) if cache.is_dir() else set()
+        core.set_property({"CACHE_DIR": str(cache)})
+        compiled = core.compile_model(path, "CPU", props)
+        after = set(os.listdir(cache)) if cache.is_dir() else set()
+    os.chmod(cache, 0o700)
+    runner.info.setdefault("build_cache", {})["openvino_blob"] = "built" if after - before else "hit"
+    return compiled
+
+
+@contextlib.contextmanager
+def _int8s_file(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], runtime_: str,
+                runner: Runner) -> Iterator[tuple[str, bool]]:
+    """(path, cached) of the int8-static model for `runtime_` (quantize_static.py): calibrated
+    and quantised once per archive content and mode in the build cache, else in a temporary
+    directory removed once the caller has loaded it. Records the build under runner.info["int8s"]."""
+    from packrat_tasks import quantize_static
+
+    with tempfile.TemporaryDirectory(prefix="packrat-int8s-") as scratch:
+        path, record = quantize_static.quantized_model(
+            runtime_, module, example_inputs, runner.calibration,
+            lambda what, build: cached_artifact(runner, what, build), scratch)
+        runner.info["int8s"] = record
+        yield path, record["cache"] != "off"
+
+
 def _feeds(names: list[str], tensors: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
     return [t.contiguous().numpy() for t in tensors]
 
@@ -405,8 +626,9 @@ def _onnxruntime(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ..
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    with tempfile.TemporaryDirectory(prefix="packrat-onnx-") as tmp:
-        path = export_onnx(module, example_inputs, tmp, precision)
+    files = (_int8s_file(module, example_inputs, "onnxruntime", runner) if precision == "int8s"
+             else _onnx_file(module, example_inputs, precision, runner))
+    with files as (path, _):
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     runner.info["onnxruntime"] = {"version": ort.__version__, "intra_op_num_threads": threads,
@@ -444,9 +666,19 @@ def _openvino(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
     threads = torch.get_num_threads()
     core = ov.Core()
     props = openvino_properties(threads, precision)
-    with tempfile.TemporaryDirectory(prefix="packrat-onnx-") as tmp:
-        path = export_onnx(module, example_inputs, tmp, precision)
-        compiled = core.compile_model(core.read_model(path), "CPU", props)
+    files = (_int8s_file(module, example_inputs, "openvino", runner) if precision == "int8s"
+             else _onnx_file(module, example_inputs, precision, runner))
+    with files as (path, cached):
+        if cached:
+            try:
+                compiled = _compile_openvino_cached(core, path, Path(path).parent / "openvino-cache", props,
+                                                    runner)
+            except OSError as exc:  # e.g. a read-only cache: compile as before, on a core without CACHE_DIR
+                log.warning("OpenVINO model cache unusable (%s): compiling without it", exc)
+                core = ov.Core()
+                compiled = core.compile_model(core.read_model(path), "CPU", props)
+        else:
+            compiled = core.compile_model(core.read_model(path), "CPU", props)
     request = compiled.create_infer_request()
     runner.info["openvino"] = {
         "version": ov.__version__,

@@ -18,7 +18,7 @@ import torch
 from packrat_tasks.base import (
     TEXT_CHARS_PER_TOKEN, Batch, RequestError, Task, check_text, get_field, parse_json_or_text,
 )
-from packrat_tasks.runtime import build_runner, needs_fixed_shapes
+from packrat_tasks.runtime import LazyModule, build_runner, model_needed, needs_fixed_shapes
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -78,14 +78,22 @@ class _TextTask(Task):
         section = config.get("packrat") or {}
         path = os.path.join(model_dir, section.get("model_dir", "model"))
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-        self.model = getattr(transformers, self.auto_class).from_pretrained(path).eval()
+
+        def load() -> PreTrainedModel:
+            return getattr(transformers, self.auto_class).from_pretrained(path).eval()
+
+        # A mode served from the build cache alone never loads the model (runtime.model_needed).
+        self.model = load() if model_needed(model_dir, config, self.guard_kind) else None
+        module = self.adapter(self.model) if self.model is not None else LazyModule(lambda: self.adapter(load()))
+        self.id2label = (self.model.config if self.model is not None
+                         else transformers.AutoConfig.from_pretrained(path)).id2label
         self.max_length = int(section.get("max_length", 128))
         self.max_text_chars = int(section.get("max_text_chars", TEXT_CHARS_PER_TOKEN * self.max_length))
         # Graph modes specialised to shapes get every batch padded to max_length.
         self.fixed_length = needs_fixed_shapes(config)
         example = self._encode([[self.tokenizer.cls_token_id or 0] * 8] * 2, self.max_length)
         # Builds the configured mode, warms it up and checks it against fp32 eager.
-        self.runner = build_runner(self, self.adapter(self.model), example, config, self.guard_kind)
+        self.runner = build_runner(self, module, example, config, self.guard_kind)
 
     def parse(self, request: dict) -> list[int]:
         obj = parse_json_or_text(request, self.max_body_bytes, self.max_json_depth)
@@ -135,7 +143,7 @@ class TextClassificationTask(_TextTask):
     guard_kind = "classification"
 
     def respond(self, batch: Batch) -> list[Any]:
-        id2label = self.model.config.id2label
+        id2label = self.id2label
         probs = torch.softmax(batch.outputs.float(), dim=-1)
         out = []
         for row in probs:

@@ -255,7 +255,9 @@ def check_workers(described: dict[str, Any], vdir: VersionDir) -> list[WorkerChe
             why = f"status names plan {status.get('plan_id')} slot {index}, expected plan {vdir.plan_id}"
         elif index in seen_slots:
             why = f"slot {index} claimed twice"
-        elif affinity != expected.cores or threads_aff != {expected.cores}:
+        # Every thread inside the slot; a runtime may pin its own threads to single cores
+        # of it (OpenVINO's ENABLE_CPU_PINNING does, on a 2-thread slot: seen as (1,)).
+        elif affinity != expected.cores or not all(t and set(t) <= set(expected.cores) for t in threads_aff):
             why = f"affinity {affinity} (threads {sorted(threads_aff)}) != slot cores {expected.cores}"
         elif status.get("torch_threads") != expected.threads:
             why = f"torch threads {status.get('torch_threads')} != slot threads {expected.threads}"

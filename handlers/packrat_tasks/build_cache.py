@@ -1,0 +1,298 @@
+"""A per-machine cache of what building an execution mode produces.
+
+A swap starts new workers, and each worker used to build its mode from
+scratch: export ONNX, compile it for OpenVINO, trace and freeze TorchScript,
+run the accuracy guard. Those results depend only on the archive's content,
+the mode, the thread count and the library versions, so the first worker
+builds them once into a directory keyed by exactly that, and every later
+worker (the next version of the same model, a worker TorchServe restarts)
+loads them.
+
+    archive_digest(model_dir)                  sha256 of the archive's content
+    artifact_dir(model_dir, mode, threads, extra) -> the key's directory
+    build_once(key_dir, build)                 build into it once, atomically
+
+Keying (never a stale build): the key is a sha256 over the archive digest, the
+mode, the thread count, the versions of torch/openvino/onnxruntime, the CPU
+(model name and flags: a compiled graph is ISA-specific) and `extra` (what
+the caller builds, e.g. "onnx" or "guard"). The archive digest covers every
+file's relative name and content, symlinks followed (a Packrat version
+directory links its base's files). The one file read semantically is the
+archive's model_config.yaml: the keys a swap writes per version (batchSize,
+maxBatchDelay, min/maxWorkers, packrat.plan_id/base/slots/plan) and the mode
+(keyed separately) are left out, so every version of one base in one mode
+shares one build; every other key (max_length, guard thresholds, ...) is in.
+MAR-INF (the per-version manifest), __pycache__, *.pyc and the cache itself
+are skipped.
+
+Where: $PACKRAT_BUILD_CACHE if set, else `.packrat-build-cache/` in the
+directory that holds the model directory, symlinks resolved (TorchServe gives
+a worker a symlink to it under its temp dir; the model store: the controller
+writes version directories there, so the workers, who run as the same user,
+can write too; TorchServe's scan of the store skips hidden entries). If that
+is not writable, `$TMPDIR/packrat-build-cache-<uid>`. The root and every
+entry are 0700, and a root that is a symlink, another user's or writable by
+others is refused (a TorchScript file is code: nobody else may plant one).
+
+Completeness: a build happens in a temporary directory beside the key's,
+under a file lock (filelock) so concurrent workers build once; a marker file
+is written last and the directory renamed into place, so a key directory
+exists only complete. A failed build removes its temporary directory and
+raises; nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import shutil
+import stat
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ENV = "PACKRAT_BUILD_CACHE"
+DEFAULT_NAME = ".packrat-build-cache"
+COMPLETE = ".complete"  # written last inside a build; a key dir without it is not used
+KEY_FILE = "key.json"  # the key in clear, for a human looking at the cache
+# Files and directories that never enter the digest.
+SKIP_DIRS = {"__pycache__", "MAR-INF", DEFAULT_NAME, ".git"}
+SKIP_SUFFIXES = (".pyc", ".pyo")
+CONFIG = "model_config.yaml"
+# model_config.yaml keys a Packrat version writes per swap: they do not change what a mode builds.
+PER_VERSION_KEYS = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
+PER_VERSION_PACKRAT_KEYS = ("plan_id", "base", "slots", "plan", "precision", "runtime")
+LIBRARIES = ("torch", "openvino", "onnxruntime", "transformers", "intel-extension-for-pytorch")
+
+_digests: dict[str, str] = {}  # realpath of a model dir -> digest, for the life of this process
+
+
+# -- the archive's identity ------------------------------------------------------
+
+
+def _canonical_config(config: dict[str, Any]) -> bytes:
+    """A model_config mapping as canonical JSON without the per-version keys."""
+    config = {k: v for k, v in config.items() if k not in PER_VERSION_KEYS}
+    section = config.get("packrat")
+    if isinstance(section, dict):
+        config["packrat"] = {k: v for k, v in section.items() if k not in PER_VERSION_PACKRAT_KEYS}
+    return json.dumps(config, sort_keys=True, default=str).encode()
+
+
+def _config_bytes(path: Path) -> bytes:
+    """model_config.yaml as canonical JSON without the per-version keys."""
+    import yaml
+
+    config = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(config, dict):
+        return path.read_bytes()
+    return _canonical_config(config)
+
+
+def config_digest(config: dict[str, Any] | None) -> str:
+    """sha256 of the config a mode is built from, as the worker holds it in memory (the
+    file is in archive_digest; an in-process caller may pass a changed copy)."""
+    return hashlib.sha256(_canonical_config(dict(config or {}))).hexdigest()
+
+
+def _files(root: Path) -> list[tuple[str, Path]]:
+    """(relative name, path) of every file under root, symlinks followed, sorted by name."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        for name in filenames:
+            if name.endswith(SKIP_SUFFIXES):
+                continue
+            path = Path(dirpath) / name
+            out.append((path.relative_to(root).as_posix(), path))
+    return sorted(out)
+
+
+def archive_digest(model_dir: str) -> str:
+    """sha256 over the archive's files: relative names and contents (see the module doc).
+
+    Memoised per process: a worker hashes its archive once (BERT-base's 440 MB
+    take ~0.3 s), and nothing in an archive changes under a running worker.
+    """
+    real = os.path.realpath(model_dir)
+    if real in _digests:
+        return _digests[real]
+    h = hashlib.sha256()
+    for rel, path in _files(Path(real)):
+        h.update(rel.encode() + b"\0")
+        if rel == CONFIG:
+            data = _config_bytes(path)
+            h.update(len(data).to_bytes(8, "little") + data)
+            continue
+        h.update(path.stat().st_size.to_bytes(8, "little"))
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    _digests[real] = digest = h.hexdigest()
+    return digest
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _cpu() -> dict[str, str]:
+    """The CPU's model name and a hash of its flags (compiled graphs are ISA-specific)."""
+    model, flags = "", ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and not model:
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    flags = " ".join(sorted(value.split()))
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    return {"model": model, "flags": hashlib.sha256(flags.encode()).hexdigest()[:16]}
+
+
+# -- where -----------------------------------------------------------------------
+
+
+def _secure_root(path: Path) -> Path:
+    """Create `path` 0700 or accept it if it is a private directory of this user."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"build cache {path} is not a directory (a symlink?)")
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"build cache {path} belongs to uid {st.st_uid}, not {os.getuid()}")
+    if st.st_mode & 0o022:
+        raise PermissionError(f"build cache {path} is writable by other users")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(f"build cache {path} is not writable")
+    return path
+
+
+def cache_root(model_dir: str) -> Path:
+    """$PACKRAT_BUILD_CACHE, else `.packrat-build-cache/` beside the model directory."""
+    given = os.environ.get(ENV)
+    if given:
+        return _secure_root(Path(given))  # the operator chose it: an error is an error
+    # realpath: TorchServe 0.12 hands a worker `<tmp>/models/<uuid>/<name>`, a symlink
+    # to the directory in the model store, and a new uuid per registration.
+    beside = Path(os.path.realpath(model_dir)).parent / DEFAULT_NAME
+    try:
+        return _secure_root(beside)
+    except OSError as exc:
+        fallback = Path(tempfile.gettempdir()) / f"packrat-build-cache-{os.getuid()}"
+        log.warning("build cache: %s unusable (%s); using %s", beside, exc, fallback)
+        return _secure_root(fallback)
+
+
+def cache_key(model_dir: str, mode: str, threads: int | None = None,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything a build depends on, as a JSON-able dict."""
+    return {
+        "archive": archive_digest(model_dir),
+        "mode": mode,
+        "threads": threads,
+        "versions": _versions(),
+        "cpu": _cpu(),
+        "extra": extra or {},
+    }
+
+
+def artifact_dir(model_dir: str, mode: str, threads: int | None = None,
+                 extra: dict[str, Any] | None = None) -> Path:
+    """The cache directory of (archive content, mode, threads, library versions, CPU, extra).
+
+    Not created: build_once() creates it complete or not at all.
+    """
+    key = cache_key(model_dir, mode, threads, extra)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+    what = str((extra or {}).get("what", "build"))
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{mode}-{what}-t{threads}")
+    return cache_root(model_dir) / f"{safe}-{digest[:24]}"
+
+
+# -- building once ----------------------------------------------------------------
+
+
+def is_complete(key_dir: Path) -> bool:
+    return (key_dir / COMPLETE).is_file()
+
+
+def build_once(key_dir: Path, build: Callable[[Path], None],
+               key: dict[str, Any] | None = None) -> Path:
+    """Return `key_dir` holding a complete build, building it first if needed.
+
+    `build(tmp)` writes its files into `tmp` (an empty 0700 directory beside
+    key_dir). Under a file lock, so of several processes asking at once one
+    builds and the others wait, then load. The marker is written after
+    build() returns and the directory renamed into place (atomic), so a
+    reader sees a complete build or none. If build() raises, its directory
+    is removed and the exception propagates.
+    """
+    from filelock import FileLock
+
+    key_dir = Path(key_dir)
+    if is_complete(key_dir):
+        return key_dir
+    key_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with FileLock(str(key_dir) + ".lock"):
+        if is_complete(key_dir):  # built by another process while we waited
+            return key_dir
+        if key_dir.exists():  # not ours to trust: no marker (should not happen: rename is atomic)
+            shutil.rmtree(key_dir, ignore_errors=True)
+        tmp = key_dir.parent / f".{key_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        os.mkdir(tmp, 0o700)
+        try:
+            build(tmp)
+            if key is not None:
+                (tmp / KEY_FILE).write_text(json.dumps(key, indent=1, sort_keys=True, default=str))
+            (tmp / COMPLETE).write_text(f"{os.getpid()}\n")
+            os.rename(tmp, key_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return key_dir
+
+
+def cached_build(model_dir: str, mode: str, build: Callable[[Path], None], *,
+                 threads: int | None = None, extra: dict[str, Any] | None = None) -> tuple[Path, bool]:
+    """artifact_dir() + build_once(); returns (directory, hit) where hit means nothing was built here."""
+    key_dir = artifact_dir(model_dir, mode, threads, extra)
+    if is_complete(key_dir):
+        return key_dir, True
+    built = False
+
+    def run(tmp: Path) -> None:
+        nonlocal built
+        built = True
+        build(tmp)
+
+    out = build_once(key_dir, run, key=cache_key(model_dir, mode, threads, extra))
+    return out, not built
+
+
+__all__ = ["archive_digest", "artifact_dir", "build_once", "cache_key", "cache_root", "cached_build",
+           "config_digest", "is_complete"]

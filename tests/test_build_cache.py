@@ -1,0 +1,266 @@
+"""The build cache (handlers/packrat_tasks/build_cache.py): keyed so that a changed
+archive or mode never loads a stale build, built once by concurrent workers, and
+used by the next version's workers through a real TorchServe.
+
+In process on the tiny BERT archive for the cache logic; one TorchServe (token
+auth on) for the check that a second version's workers load from the cache,
+which they report in their status files and the swap record carries.
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from packrat.archive import build_named
+from packrat.archive.builder import HANDLER_DIR
+
+sys.path.insert(0, str(HANDLER_DIR))
+from packrat_tasks import build_cache  # noqa: E402
+from packrat_tasks import guard  # noqa: E402
+from packrat_tasks.runtime import RUNTIMES, runtime  # noqa: E402
+
+MODES = ["fp32-onnxruntime", "fp32-torchscript", "fp32-openvino"]
+WEIGHTS = "model/model.safetensors"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """A fresh store per test: its cache (beside the archive) starts empty."""
+    build_named("tiny-bert", tmp_path, "bert")
+    build_cache._digests.clear()  # each test edits archives: no digest of another test's files
+    return tmp_path
+
+
+def _new_process() -> None:
+    """What a new worker process sees: no digest memoised (the archive may have changed)."""
+    build_cache._digests.clear()
+
+
+def _load(store: Path, mode: str, name: str = "bert"):
+    import packrat_handler  # noqa: F401 - handlers/ is on sys.path
+
+    config = copy.deepcopy(yaml.safe_load((store / name / "model_config.yaml").read_text()))
+    config["packrat"]["precision"], config["packrat"]["runtime"] = mode.split("-", 1)
+    return packrat_handler.load_task(str(store / name), config)
+
+
+def _scores(task) -> torch.Tensor:
+    batch = task.preprocess([{"body": b"the film was a delight"}, {"body": b"a cold meal, a rude waiter"}])
+    return task.forward(batch).outputs.detach().float().clone()
+
+
+def _flip_byte(path: Path, offset: int = -1) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _shift_classifier(store: Path, name: str = "bert") -> None:
+    """Change a weight so that the outputs change (the classifier's bias + 1 on class 0)."""
+    from safetensors.torch import load_file, save_file
+
+    path = store / name / WEIGHTS
+    tensors = load_file(str(path))
+    key = next(k for k in tensors if k.endswith("classifier.bias"))
+    tensors[key] = tensors[key].clone()
+    tensors[key][0] += 1.0
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+# -- keys ------------------------------------------------------------------------------
+
+
+def test_one_byte_of_a_weight_or_config_file_or_the_mode_changes_the_key(store: Path) -> None:
+    def key(mode: str = "fp32-onnxruntime") -> Path:
+        _new_process()
+        return build_cache.artifact_dir(str(store / "bert"), mode, 1, {"what": "onnx"})
+
+    first = key()
+    assert key() == first  # deterministic
+    assert key("fp32-openvino") != first and key("bf16-openvino") != first
+    assert build_cache.artifact_dir(str(store / "bert"), "fp32-onnxruntime", 2, {"what": "onnx"}) != first
+
+    for rel in (WEIGHTS, "model/config.json", "model/tokenizer.json"):
+        original = (store / "bert" / rel).read_bytes()
+        _flip_byte(store / "bert" / rel, len(original) // 2)
+        assert key() != first, f"one byte of {rel} changed, the key did not"
+        (store / "bert" / rel).write_bytes(original)
+        assert key() == first
+
+    config_path = store / "bert" / "model_config.yaml"
+    original = config_path.read_text()
+    config = yaml.safe_load(original)
+    # What a swap writes per version does not change a build: versions of one base share it.
+    config.update(batchSize=8, maxBatchDelay=40, minWorkers=2, maxWorkers=2)
+    config["packrat"].update(plan_id="m-p7-abc", slots=[{"cores": [1], "threads": 1}], base="bert")
+    config_path.write_text(yaml.safe_dump(config))
+    assert key() == first
+    # Anything else in it does (here the sequence length the text is padded to).
+    config["packrat"]["max_length"] = int(config["packrat"].get("max_length", 128)) + 1
+    config_path.write_text(yaml.safe_dump(config))
+    assert key() != first
+    config_path.write_text(original)
+
+
+def test_concurrent_builders_build_once(tmp_path: Path) -> None:
+    key_dir = tmp_path / "cache" / "k"
+    log = tmp_path / "builds.log"
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(4) as pool:
+        out = pool.starmap(_slow_build, [(str(key_dir), str(log))] * 4)
+    assert out == [str(key_dir)] * 4
+    assert log.read_text().count("\n") == 1, log.read_text()  # one process built, three loaded
+    assert (key_dir / "artefact").read_text() == "x" * 1000
+    assert sorted(p.name for p in key_dir.parent.iterdir()) == ["k", "k.lock"]  # no temp dir left
+
+
+def _slow_build(key_dir: str, log: str) -> str:
+    def build(tmp: Path) -> None:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(0.5)  # long enough for every other process to reach the lock
+        (tmp / "artefact").write_text("x" * 1000)
+
+    return str(build_cache.build_once(Path(key_dir), build))
+
+
+def test_a_failed_build_leaves_nothing_behind(tmp_path: Path) -> None:
+    key_dir = tmp_path / "cache" / "k"
+
+    def fail(tmp: Path) -> None:
+        (tmp / "half").write_text("half an artefact")
+        raise RuntimeError("export failed")
+
+    with pytest.raises(RuntimeError, match="export failed"):
+        build_cache.build_once(key_dir, fail)
+    assert [p.name for p in key_dir.parent.iterdir()] == ["k.lock"]
+    build_cache.build_once(key_dir, lambda tmp: (tmp / "whole").write_text("ok"))
+    assert (key_dir / "whole").read_text() == "ok" and not (key_dir / "half").exists()
+
+
+# -- what runtime.py caches ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_changed_archive_never_loads_a_stale_build(store: Path, mode: str) -> None:
+    if mode.endswith("openvino"):
+        pytest.importorskip("openvino")
+    first = _load(store, mode)
+    assert first.runner.info["build_cache"] == {
+        **{k: "built" for k in first.runner.info["build_cache"]}}, first.runner.info
+    what = mode.split("-")[1] if mode.endswith("torchscript") else "onnx"
+    assert first.runner.info["build_cache"][what] == "built"
+    before = _scores(first)
+
+    _new_process()
+    again = _load(store, mode)
+    assert again.runner.info["build_cache"][what] == "hit"
+    assert again.runner.info["build_cache"]["guard"] == "hit"
+    # ONNX Runtime / OpenVINO workers serve from the cache without loading the framework model.
+    assert (again.model is None) == (what == "onnx")
+    assert torch.allclose(_scores(again), before, atol=1e-5)
+    assert again.run([{"body": b"a fine day"}])[0]["label"] == first.run([{"body": b"a fine day"}])[0]["label"]
+
+    _shift_classifier(store)
+    _new_process()
+    changed = _load(store, mode)
+    assert changed.runner.info["build_cache"][what] == "built"  # a new key, not the old build
+    assert changed.runner.info["build_cache"]["guard"] == "built"  # re-guarded
+    assert changed.model is not None  # nothing cached for this content: the model was loaded
+    now = _scores(changed)
+    reference = _scores(_load(store, "fp32-eager"))
+    assert not torch.allclose(now, before, atol=1e-3)
+    assert torch.allclose(now, reference, atol=1e-4), (now, reference)
+
+
+@pytest.fixture
+def counted_broken_runtime():
+    """A mode that disagrees with fp32 eager, counting how often it is built."""
+    built = []
+
+    @runtime("test-counted")
+    def _counted(module, example_inputs, config, precision, runner):
+        built.append(1)
+        gen = torch.Generator().manual_seed(0)
+
+        def run(*tensors):
+            with torch.inference_mode():
+                out = module(*tensors).float()
+            return out + torch.randn(out.shape, generator=gen) * out.abs().max() * 3
+
+        return run
+
+    yield built
+    RUNTIMES.pop("test-counted")
+
+
+def test_a_refused_mode_stays_refused_and_a_changed_archive_is_guarded_again(
+        store: Path, counted_broken_runtime: list) -> None:
+    with pytest.raises(guard.AccuracyGuardError) as first:
+        _load(store, "fp32-test-counted")
+    assert len(counted_broken_runtime) == 1
+    _new_process()
+    with pytest.raises(guard.AccuracyGuardError) as again:
+        _load(store, "fp32-test-counted")
+    # Refused from the cached verdict, with the same numbers, without building the mode.
+    assert len(counted_broken_runtime) == 1
+    assert again.value.report.metrics == first.value.report.metrics
+
+    _shift_classifier(store)
+    _new_process()
+    with pytest.raises(guard.AccuracyGuardError):
+        _load(store, "fp32-test-counted")
+    assert len(counted_broken_runtime) == 2  # a changed archive: built and guarded again
+
+
+# -- through TorchServe -----------------------------------------------------------------------
+
+
+@pytest.mark.torchserve
+@pytest.mark.slow
+def test_the_next_versions_workers_load_from_the_cache(tiny_store: Path, tmp_path_factory) -> None:
+    from packrat.apply.swap import Swapper
+    from packrat.types import Instance, Plan
+    from serving_support import predict, start_server
+
+    store = tmp_path_factory.mktemp("cache-store")
+    shutil.copytree(tiny_store / "tiny-bert", store / "cache-bert", symlinks=True)
+    server = start_server(store, tmp_path_factory.mktemp("cache-ts"))
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))  # the Swapper reads the status files
+            client = server.management_client()
+            client.register("cache-bert", "cache-bert", 1)
+            swapper = Swapper(client, store, cores=[0, 1])
+            one = Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0),), predicted_latency_ms=0.0,
+                       mode="fp32-onnxruntime")
+            two = Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0), Instance(1, 2, 0.0)),
+                       predicted_latency_ms=0.0, mode="fp32-onnxruntime")
+            first = swapper.apply("cache-bert", one)
+            answer = predict(server, "cache-bert", b"the film was a delight").json()
+            second = swapper.apply("cache-bert", two)
+            assert predict(server, "cache-bert", b"the film was a delight").json() == answer
+    finally:
+        server.stop()
+    print("first", first.to_dict()["ready_phases_s"], first.workers)
+    print("second", second.to_dict()["ready_phases_s"], second.workers)
+    # The first onnxruntime worker exported and guarded; the next version's two workers loaded both.
+    assert [w["cache"] for w in first.workers] == [{"onnx": "built", "guard": "built"}]
+    assert [w["cache"] for w in second.workers] == [{"onnx": "hit", "guard": "hit"}] * 2
+    assert all(w["phases_s"]["guard"] == 0.0 for w in second.workers)
+    for rec in (first, second):
+        assert [k for k, _ in rec.ready_phases_s] == [
+            "worker_start", "model_load", "mode_build", "guard", "warmup", "ready_check"]
+        names = [k for k, _ in rec.phases_s]
+        assert names == ["create", "register", "ready", "set_default", "drain", "retire", "unregister"]
+        assert all(v >= 0 for _, v in rec.ready_phases_s + rec.phases_s)
