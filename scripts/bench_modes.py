@@ -20,6 +20,15 @@ tokens) and batch B:
 Then DistilBERT, 8-token input, batch 1, one client: p50 through TorchServe
 for the fastest modes (target <= 4 ms).
 
+`--int8s` runs only the int8-static comparison (issue 17) instead: per model
+(resnet50, bert-base), the best bf16 mode against int8-static, in process
+(build time incl. calibration and quantisation, memory, guard numbers; timed
+calls interleaved round by round) and through TorchServe at B = 8, fat and
+thin, both modes registered side by side and measured alternately.
+
+    python scripts/bench_modes.py --int8s --models resnet50,bert-base --out bench-out/int8s.jsonl
+    python scripts/bench_modes.py --report-int8s bench-out/int8s.jsonl
+
 Every measurement is appended to a JSONL file the moment it lands
 (--out, default bench-out/modes.jsonl); --report renders the markdown table
 from that file only. Timings on a shared 2-core machine are noisy: read the
@@ -184,6 +193,171 @@ def bench_peers(model: str, archive: Path, batches: list[int], budget_s: float, 
                             **extra, **stats)
 
 
+# -- int8-static vs the best bf16 mode (issue 17) ------------------------------------
+
+INT8S_MODES = {
+    "resnet50": ["bf16-openvino", "bf16-torchscript", "int8s-openvino", "int8s-onnxruntime"],
+    "bert-base": ["bf16-openvino", "int8-onnxruntime", "int8s-openvino", "int8s-onnxruntime"],
+}
+INT8S_MODES.update({"tiny-resnet": INT8S_MODES["resnet50"], "tiny-bert": INT8S_MODES["bert-base"]})
+INT8S_TS = ("bf16-openvino", "int8s-openvino")  # the best bf16 mode, and the int8-static one
+
+
+def bench_int8s_in_process(model: str, archive: Path, batch: int, rounds: int, results: Results,
+                           run: str) -> dict:
+    """Load every mode (build cost, memory, guard), then time B-batches round by round."""
+    from packrat_tasks.guard import AccuracyGuardError
+    from packrat_tasks.precision import PrecisionError
+
+    tasks = {}
+    for mode in INT8S_MODES[model]:
+        t0 = time.perf_counter()
+        refused = None
+        try:
+            task = load_mode(archive, mode)
+        except AccuracyGuardError as exc:
+            refused = exc.report.as_dict()
+            task = load_mode(archive, mode, relax_guard=True)
+        except (PrecisionError, ImportError, RuntimeError, ValueError) as exc:
+            results.add(run=run, kind="int8s-build", model=model, mode=mode, error=str(exc))
+            continue
+        load_s = round(time.perf_counter() - t0, 3)
+        summary = task.runner.summary()
+        results.add(run=run, kind="int8s-build", model=model, mode=mode, load_s=load_s,
+                    servable=refused is None, guard=refused or summary["guard"], int8s=summary.get("int8s"),
+                    build={k: summary[k] for k in ("build_s", "rss_mb", "rss_delta_mb", "peak_rss_mb")})
+        tasks[mode] = (task, task.preprocess(task.sample_requests(batch)))
+    times: dict[str, list[float]] = {m: [] for m in tasks}
+    for task, b in tasks.values():
+        task.forward(b)  # one more warm call each before the rounds
+    loads = []
+    for _ in range(rounds):  # interleaved: a load change on the shared machine hits every mode alike
+        for mode, (task, b) in tasks.items():
+            for _ in range(2):
+                t = time.perf_counter()
+                task.forward(b)
+                times[mode].append((time.perf_counter() - t) * 1000)
+        loads.append(os.getloadavg()[0])
+    for mode, ts in times.items():
+        results.add(run=run, kind="int8s-inproc", model=model, mode=mode, batch=batch, reps=len(ts),
+                    p50_ms=round(statistics.median(ts), 3), min_ms=round(min(ts), 3),
+                    load_avg_range=[min(loads), max(loads)])
+    any_task = next(iter(tasks.values()))[0]
+    body = any_task.sample_requests(1)[0]["body"]
+    del tasks
+    gc.collect()
+    return {"body": body}
+
+
+def bench_int8s_torchserve(model: str, batch: int, body: bytes, results: Results, run: str, workdir: Path,
+                           requests_n: int, rounds: int) -> None:
+    """Both modes side by side through one TorchServe, per shape: registration (cold build),
+    worker memory, then closed-loop B clients, the modes alternating for `rounds` rounds."""
+    from packrat.bench.loadgen import Target, closed_loop
+    from packrat.server import start_torchserve
+
+    cores = sorted(os.sched_getaffinity(0))
+    store = workdir / "store"
+    shapes = {"fat": [{"cores": cores, "threads": len(cores)}],
+              "thin": [{"cores": [c], "threads": 1} for c in cores]}
+    if len(cores) < 2:
+        shapes.pop("thin")
+    for shape, slots in shapes.items():
+        for mode in INT8S_TS:
+            precision, runtime = mode.split("-")
+            build_archive(model, store, f"{model}-{mode}-{shape}", precision=precision, runtime=runtime,
+                          batch_size=batch // len(slots), max_batch_delay_ms=5, workers=len(slots),
+                          extra={"plan_id": f"bench-{mode}-{shape}-{os.getpid()}", "slots": slots})
+    ctype = "image/jpeg" if "resnet" in model else "text/plain"
+    server = start_torchserve(store, workdir / "ts")
+    try:
+        client = server.management_client()
+        token = server.inference_headers()["Authorization"].split(" ", 1)[1]
+        for shape, slots in shapes.items():
+            names = {mode: f"{model}-{mode}-{shape}" for mode in INT8S_TS}
+            for mode, name in names.items():
+                t0 = time.perf_counter()
+                workers = server.register(name, len(slots), timeout_s=1800)  # until every worker is READY
+                register_s = round(time.perf_counter() - t0, 3)
+                results.add(run=run, kind="int8s-ts-register", model=model, mode=mode, shape=shape,
+                            register_s=register_s, workers=len(workers),
+                            worker_rss_mb=[_rss_mb(w["pid"]) for w in workers])
+            for r in range(rounds):
+                for mode, name in names.items():
+                    target = Target(url=f"{server.inference_url}/predictions/{name}", body=body,
+                                    content_type=ctype, token=token)
+                    res = closed_loop(target, clients=batch, requests_count=requests_n, warmup=2 * batch,
+                                      max_duration_s=300)
+                    results.add(run=run, kind="int8s-ts", model=model, mode=mode, batch=batch, shape=shape,
+                                round=r, **{k: v for k, v in res.summary().items() if k != "mode"})
+            for name in names.values():
+                client.unregister(name, "1.0")
+    finally:
+        server.stop()
+
+
+def _rss_mb(pid: int) -> list[float] | None:
+    """[current, peak] resident MiB of a worker process (peak: quantisation/compile included)."""
+    got = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    got[line[:5]] = round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return [got.get("VmRSS"), got.get("VmHWM")]
+
+
+def render_int8s(path: Path) -> str:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    run = rows[-1]["run"]
+    rows = [r for r in rows if r.get("run") == run]
+    machine = next((r for r in rows if r["kind"] == "machine"), {})
+    out = [f"Run {run}: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')}, "
+           f"load average at start {machine.get('load_avg')}.", ""]
+    for model in dict.fromkeys(r["model"] for r in rows if r.get("model")):
+        builds = {r["mode"]: r for r in rows if r.get("model") == model and r["kind"] == "int8s-build"}
+        inproc = {r["mode"]: r for r in rows if r.get("model") == model and r["kind"] == "int8s-inproc"}
+        if inproc:
+            b = next(iter(inproc.values()))
+            out += [f"#### {model}, in process, B = {b['batch']}, {b['reps']} timed calls per mode "
+                    f"(interleaved; 1-min load {b['load_avg_range'][0]:.1f}–{b['load_avg_range'][1]:.1f})", "",
+                    "| mode | p50 ms | min ms | images-or-texts/s (p50) | load s (build incl.) | quantise s | "
+                    "+MiB | peak RSS MiB | guard |", "|---|---|---|---|---|---|---|---|---|"]
+            for mode, br in builds.items():
+                if "error" in br:
+                    out.append(f"| {mode} | – | – | – | – | – | – | – | not run: {br['error'][:80]} |")
+                    continue
+                r = inproc.get(mode, {})
+                g = br.get("guard")
+                gtext = "–" if g is None else ("pass" if br.get("servable") else "**REFUSED**")
+                if g:
+                    m = g["metrics"]
+                    gtext += " (" + ", ".join(f"{k} {m[k]:.4g}" for k in (
+                        "top1_agreement_all", "max_prob_diff", "logit_cosine", "min_cosine") if k in m) + ")"
+                q = (br.get("int8s") or {}).get("quantize_s", "–")
+                thr = f"{1000 * b['batch'] / r['p50_ms']:.1f}" if r else "–"
+                out.append(f"| {mode} | {r.get('p50_ms', '–')} | {r.get('min_ms', '–')} | {thr} | {br['load_s']} | {q} | "
+                           f"{br['build']['rss_delta_mb']} | {br['build']['peak_rss_mb']} | {gtext} |")
+            out.append("")
+        ts = [r for r in rows if r.get("model") == model and r["kind"] == "int8s-ts"]
+        reg = {(r["mode"], r["shape"]): r for r in rows if r.get("model") == model and r["kind"] == "int8s-ts-register"}
+        if ts:
+            out += [f"#### {model} through TorchServe, B = {ts[0]['batch']} closed-loop clients, token auth on", "",
+                    "| shape | mode | throughput req/s per round | p50 ms per round | register s (cold build) | "
+                    "worker RSS / peak MiB | load avg |", "|---|---|---|---|---|---|---|"]
+            for key in dict.fromkeys((r["shape"], r["mode"]) for r in ts):
+                rs = [r for r in ts if (r["shape"], r["mode"]) == key]
+                g = reg.get((key[1], key[0]), {})
+                out.append(f"| {key[0]} | {key[1]} | " + " / ".join(f"{r['throughput_rps']:.2f}" for r in rs)
+                           + " | " + " / ".join(f"{r['p50_ms']:.1f}" for r in rs)
+                           + f" | {g.get('register_s', '–')} | {g.get('worker_rss_mb', '–')} | "
+                           + " / ".join(str(r.get("load_avg_1m")) for r in rs) + " |")
+            out.append("")
+    return "\n".join(out)
+
+
 def _module_of(task):
     """The task's nn.Module wrapper (eager runner's closure holds it)."""
     for cell in task.runner.fn.__closure__ or ():
@@ -281,9 +455,17 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=24, help="measured requests per TorchServe point")
     parser.add_argument("--out", type=Path, default=Path("bench-out/modes.jsonl"))
     parser.add_argument("--report", type=Path, default=None, help="render markdown from a JSONL file")
+    parser.add_argument("--int8s", action="store_true", help="only int8-static vs the best bf16 mode")
+    parser.add_argument("--int8s-batch", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=6, help="--int8s: interleaved rounds in process")
+    parser.add_argument("--ts-rounds", type=int, default=2, help="--int8s: alternating TorchServe rounds")
+    parser.add_argument("--report-int8s", type=Path, default=None, help="render the --int8s tables")
     args = parser.parse_args()
     if args.report:
         print(render(args.report))
+        return 0
+    if args.report_int8s:
+        print(render_int8s(args.report_int8s))
         return 0
     import signal
 
@@ -301,6 +483,14 @@ def main() -> int:
                 torch=torch.__version__, load_avg=os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="bench-modes-") as tmp:
         tmp = Path(tmp)
+        if args.int8s:
+            for model in [m for m in args.models.split(",") if m]:
+                archive = build_archive(model, tmp / "store", model)
+                got = bench_int8s_in_process(model, archive, args.int8s_batch, args.rounds, results, run)
+                if not args.no_torchserve:
+                    bench_int8s_torchserve(model, args.int8s_batch, got["body"], results, run,
+                                           tmp / f"ts-{model}", args.requests, args.ts_rounds)
+            return 0
         if not args.no_distilbert:
             for mode in args.distil_modes.split(","):
                 bench_torchserve("distilbert", mode, [1], results, run, tmp / f"ts-distil-{mode}", 100,

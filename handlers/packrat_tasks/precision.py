@@ -1,4 +1,4 @@
-"""Numeric precision of a model path: `packrat.precision` = fp32 | bf16 | int8.
+"""Numeric precision of a model path: `packrat.precision` = fp32 | bf16 | int8 | int8s.
 
     fp32  the weights as trained.
     bf16  torch: autocast to bfloat16 (matmuls and convolutions in bf16 through
@@ -10,6 +10,11 @@
           Conv1D projections are first swapped for equivalent Linears);
           ONNX Runtime / OpenVINO: ONNX Runtime's dynamic int8 quantisation
           of the exported graph (MatMul/Gemm), which both runtimes execute.
+    int8s int8-static: post-training static quantisation with calibration from
+          the archive (quantize_static.py): convolutions and matmuls with their
+          activations in int8. ONNX Runtime / OpenVINO only; refused for the
+          torch runtimes and for text-generation. Fast where the CPU has int8
+          dot-product instructions (VNNI or AMX: see int8_static_problem).
 
 Nothing here runs at import time; torch is imported by the functions.
 """
@@ -23,8 +28,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-PRECISIONS = ("fp32", "bf16", "int8")
+PRECISIONS = ("fp32", "bf16", "int8", "int8s")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 arithmetic
+# /proc/cpuinfo flags of int8 dot-product instructions (u8 x s8 -> s32 in one op).
+INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
 class PrecisionError(ValueError):
@@ -60,10 +67,22 @@ def bf16_problem(flags: Iterable[str], mkldnn_bf16: bool) -> str | None:
     flags = set(flags)
     if not flags & set(BF16_FLAGS):
         return ("packrat.precision bf16 needs a CPU with native bf16 (flags avx512_bf16 or "
-                f"amx_bf16); this CPU has neither. Use fp32 or int8.")
+                "amx_bf16); this CPU has neither. Use fp32 or int8.")
     if not mkldnn_bf16:
         return ("packrat.precision bf16: torch's oneDNN (mkldnn) reports no bf16 support on this "
                 "CPU/build. Use fp32 or int8.")
+    return None
+
+
+def int8_static_problem(flags: Iterable[str]) -> str | None:
+    """Why int8-static should not be expected to pay off here, or None when it should.
+
+    Without VNNI/AMX an int8 multiply-accumulate takes several AVX-512/AVX2
+    instructions: correct, but no faster than fp32. Tuning offers int8s only with them.
+    """
+    if not set(flags) & set(INT8_FLAGS):
+        return ("int8-static (int8s) needs int8 dot-product instructions for its speed (flags "
+                f"{', '.join(INT8_FLAGS)}); this CPU has none")
     return None
 
 
@@ -131,6 +150,10 @@ def prepare_torch(
     """(module to run, context factory) for the torch runtimes (eager/torchscript/inductor)."""
     if precision == "bf16":
         check_bf16()
+    if precision == "int8s":
+        raise PrecisionError("int8-static (int8s) is offered with the onnxruntime and openvino "
+                             "runtimes only (calibrated int8 graphs); text-generation refuses it "
+                             "(docs/modes.md). Use int8 for dynamic quantisation on torch runtimes.")
     if precision == "int8":
         return quantize_int8(module), autocast_context("fp32")
     return module, autocast_context(precision)

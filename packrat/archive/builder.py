@@ -37,7 +37,7 @@ TASKS_PACKAGE = "packrat_tasks"
 MODEL_SUBDIR = "model"
 TASKS = ("text-classification", "feature-extraction", "text-generation", "image-classification", "noop")
 RUNTIMES = ("eager", "torchscript", "inductor", "onnxruntime", "openvino", "ipex")
-PRECISIONS = ("fp32", "bf16", "int8")
+PRECISIONS = ("fp32", "bf16", "int8", "int8s")  # int8s: int8-static, calibrated (docs/modes.md)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # HF files worth carrying from a local model directory.
 _HF_SUFFIXES = (".json", ".txt", ".safetensors", ".model")
@@ -68,6 +68,9 @@ def _check(name: str, options: ArchiveOptions, task: str) -> None:
         raise ArchiveError(f"--runtime must be one of {', '.join(RUNTIMES)}, got {options.runtime!r}")
     if options.precision not in PRECISIONS:
         raise ArchiveError(f"--precision must be one of {', '.join(PRECISIONS)}, got {options.precision!r}")
+    if options.precision == "int8s" and (task == "text-generation" or options.runtime not in ("onnxruntime", "openvino")):
+        raise ArchiveError("int8s (int8-static) runs on onnxruntime or openvino, and not for text-generation "
+                           "(docs/modes.md)")
     if options.runtime != "eager" and task == "text-generation":
         raise ArchiveError("text-generation runs eager only (the generation loop is not traced)")
     for label, value in (("--batch-size", options.batch_size), ("--workers", options.workers)):

@@ -6,7 +6,9 @@
      "mode": "fp32-eager",                      # the archive's own mode
      "runtimes": ["eager", "torchscript", ...], # what its packrat_tasks.runtime registers
      "bf16": null | "why not",                  # packrat_tasks.precision.check_bf16()
-     "unavailable": {"openvino": "ModuleNotFoundError: ...", ...}}
+     "int8": null | "why not",                  # int8-static's speed: VNNI/AMX int8 flags
+     "unavailable": {"openvino": "ModuleNotFoundError: ...",
+                     "int8s-openvino": "nncf is not installed", ...}}
 
 bf16 is judged by the handler's own check (native avx512_bf16/AMX flags and
 oneDNN's bf16 support), so the tuner offers bf16 exactly where a worker would
@@ -32,6 +34,11 @@ RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "openvino": ("onnx", "openvino"),
     "ipex": ("intel_extension_for_pytorch",),
 }
+# What int8-static (precision int8s) needs beyond its runtime: the quantisation tool.
+INT8S_IMPORTS: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("onnxruntime.quantization",),
+    "openvino": ("nncf",),
+}
 
 
 @dataclass(frozen=True)
@@ -40,11 +47,13 @@ class Capabilities:
     mode: str  # the archive's own mode
     runtimes: tuple[str, ...]  # registered by the archive's runtime module and importable here
     bf16: str | None  # None: native bf16 works; else why not
-    unavailable: dict[str, str] = field(default_factory=dict)  # runtime -> why not
+    # runtime (or "int8s-<runtime>": its quantisation tool) -> why not
+    unavailable: dict[str, str] = field(default_factory=dict)
+    int8: str | None = None  # None: the CPU has int8 dot-product instructions (VNNI/AMX); else why not
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "mode": self.mode, "runtimes": list(self.runtimes),
-                "bf16": self.bf16, "unavailable": dict(self.unavailable)}
+                "bf16": self.bf16, "int8": self.int8, "unavailable": dict(self.unavailable)}
 
 
 def probe_archive(archive_dir: str | Path, timeout_s: float = 180.0) -> Capabilities:
@@ -61,7 +70,8 @@ def probe_archive(archive_dir: str | Path, timeout_s: float = 180.0) -> Capabili
                            f"{(r.stderr or r.stdout).strip()[-800:]}")
     d = json.loads(lines[-1])
     return Capabilities(task=d.get("task"), mode=d["mode"], runtimes=tuple(d["runtimes"]),
-                        bf16=d.get("bf16"), unavailable=dict(d.get("unavailable") or {}))
+                        bf16=d.get("bf16"), unavailable=dict(d.get("unavailable") or {}),
+                        int8=d.get("int8", "the probe reported nothing about int8 (an older probe)"))
 
 
 def _child_env() -> dict[str, str]:
@@ -70,13 +80,11 @@ def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # write no __pycache__ into the archive directory
     env.setdefault("OMP_NUM_THREADS", "1")  # the probe computes nothing
+    env.setdefault("NNCF_CI", "1")  # importing nncf must not start its usage telemetry
     return env
 
 
 def _probe(archive_dir: str) -> dict[str, Any]:
-    import importlib
-    import importlib.util
-
     import yaml
 
     sys.path.insert(0, archive_dir)
@@ -96,24 +104,39 @@ def _probe(archive_dir: str) -> dict[str, Any]:
         out["bf16"] = str(exc)
     except Exception as exc:  # e.g. torch without mkldnn ops
         out["bf16"] = f"{type(exc).__name__}: {exc}"
+    check_int8 = getattr(precision, "int8_static_problem", None)
+    out["int8"] = (check_int8(precision.cpu_flags()) if check_int8 is not None
+                   else "this archive's packrat_tasks has no int8s precision")
     available = []
     for name in sorted(runtime.RUNTIMES):
-        problem = None
-        for module in RUNTIME_IMPORTS.get(name, ()):
-            if importlib.util.find_spec(module) is None:
-                problem = f"{module} is not installed"
-                break
-            try:
-                importlib.import_module(module)
-            except Exception as exc:  # an installed wheel that does not load here
-                problem = f"{module} does not import: {type(exc).__name__}: {exc}"
-                break
+        problem = _import_problem(RUNTIME_IMPORTS.get(name, ()))
         if problem:
             out["unavailable"][name] = problem
         else:
             available.append(name)
+            if name in INT8S_IMPORTS:
+                tool = _import_problem(INT8S_IMPORTS[name])
+                if tool:
+                    out["unavailable"][f"int8s-{name}"] = tool
     out["runtimes"] = available
     return out
+
+
+def _import_problem(modules: tuple[str, ...]) -> str | None:
+    import importlib
+    import importlib.util
+    import os
+
+    os.environ.setdefault("NNCF_CI", "1")  # importing nncf must not start its usage telemetry
+
+    for module in modules:
+        try:
+            if importlib.util.find_spec(module) is None:
+                return f"{module} is not installed"
+            importlib.import_module(module)
+        except Exception as exc:  # an installed wheel that does not load here
+            return f"{module} does not import: {type(exc).__name__}: {exc}"
+    return None
 
 
 def main(argv: list[str]) -> int:
