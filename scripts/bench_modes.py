@@ -41,7 +41,6 @@ ratios within one run.
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import os
@@ -138,7 +137,7 @@ def bench_in_process(model: str, archive: Path, batches: list[int], budget_s: fl
         summary = task.runner.summary()
         for b in batches:
             batch = task.preprocess(task.sample_requests(b))
-            stats = time_calls(lambda: task.forward(batch), budget_s)
+            stats = time_calls(lambda task=task, batch=batch: task.forward(batch), budget_s)
             results.add(run=run, kind="mode", model=model, mode=mode, batch=b, threads=summary["threads"],
                         servable=refused is None, guard=refused or summary["guard"],
                         build={k: summary[k] for k in ("build_s", "rss_mb", "rss_delta_mb", "peak_rss_mb")},
