@@ -836,9 +836,9 @@ class Controller:
             self._batches[model] = None if est.get("idle") else int(decisions[-1]["estimated_batch"])
         return self._batches.get(model)
 
-    def _predictor(self, model: str, st: ModelState, batch: int) -> Callable[[int], float | None] | None:
+    def _predictor(self, model: str, profiles: tuple[Profile, ...],
+                   batch: int) -> Callable[[int], float | None] | None:
         """Predicted latency of `model`'s best plan for `batch` on c cores, or None (no profile)."""
-        profiles = self.tick_profiles(model, st)
         if profiles:
             def across_modes(c: int) -> float | None:
                 try:
@@ -863,13 +863,15 @@ class Controller:
                 return None
         return one_profile
 
-    def divide(self, states: dict[str, ModelState]) -> Division:
+    def divide(self, states: dict[str, ModelState], profiles: dict[str, tuple[Profile, ...]]) -> Division:
         """Divide the usable cores among the models by their load (kept unless the
-        re-division is predicted `division_threshold` better); saved to cores.json."""
+        re-division is predicted `division_threshold` better); saved to cores.json.
+        `profiles`: each model's checked per-mode profiles this tick (tick_profiles)."""
         demands = []
         for model, st in states.items():
             batch = self._load_batch(model)
-            predict = self._predictor(model, st, batch) if batch is not None and st.plan is not None else None
+            predict = (self._predictor(model, profiles.get(model, ()), batch)
+                       if batch is not None and st.plan is not None else None)
             demands.append(Demand(model, batch, predict, self.settings.core_weights.get(model, 1.0)))
         previous = self.division
         if previous is None:
@@ -957,13 +959,15 @@ class Controller:
             st = self._guarded(model, lambda: self.model_state(model))
             if st is not None:
                 states[model] = st
-        self._guarded("divide", lambda: self.divide(states))
+        # Each model's per-mode profiles, read and checked once for the division and its tick.
+        profiles = {m: self._guarded(m, lambda: self.tick_profiles(m, st)) or () for m, st in states.items()}
+        self._guarded("divide", lambda: self.divide(states, profiles))
         all_state = self.policy_state()
         # Models that must give cores back move first: no core carries two models'
         # versions beyond what one swap needs.
         order = sorted(states, key=lambda m: not self._misplaced(states[m]))
         for model in order:
-            if self._guarded(model, lambda: self._tick_model(model, all_state, states[model])):
+            if self._guarded(model, lambda: self._tick_model(model, all_state, states[model], profiles[model])):
                 started.append(model)
         started += self._guarded("footprint", lambda: self._footprint(states)) or []
         return started
@@ -972,10 +976,10 @@ class Controller:
         """The live version's workers run on cores outside the model's share."""
         return st.cores is not None and not set(st.cores) <= set(self.share_of(st.model))
 
-    def _tick_model(self, model: str, all_state: dict[str, Any], st: ModelState) -> bool:
+    def _tick_model(self, model: str, all_state: dict[str, Any], st: ModelState,
+                    profiles: tuple[Profile, ...]) -> bool:
         assert self.policy is not None
         profile = self.profile_path(model)
-        profiles = self.tick_profiles(model, st)
         plan = st.plan
         if profiles and plan is not None and plan.mode is None:
             plan = replace(plan, mode=st.mode)  # compared across modes: name the live one

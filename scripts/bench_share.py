@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,16 +24,11 @@ from packrat.plan import knapsack, realizable_plan  # noqa: E402
 from packrat.plan.share import Demand, divide_cores  # noqa: E402
 from packrat.profile import load_profile  # noqa: E402
 from packrat.errors import PackratError  # noqa: E402
+from packrat.profile.fingerprint import cpu_model  # noqa: E402
 
 DATA = REPO / "tests" / "data" / "packrat-icml25"
 BATCHES = [1024, 512, 256, 64, 32, 8, 4, 1]
 
-
-def cpu_name() -> str:
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def main() -> int:
@@ -62,7 +55,7 @@ def main() -> int:
         division = divide_cores(demands, range(args.cores))
         runs.append(time.perf_counter() - t0)
     json.dump({
-        "cpu": cpu_name(), "loadavg": os.getloadavg(), "command": " ".join(["scripts/bench_share.py", *sys.argv[1:]]),
+        "cpu": cpu_model(), "loadavg": os.getloadavg(), "command": " ".join(["scripts/bench_share.py", *sys.argv[1:]]),
         "models": len(BATCHES), "cores": args.cores, "batches": BATCHES,
         "seconds": [round(x, 4) for x in runs], "max_s": round(max(runs), 4),
         "division": {m: len(c) for m, c in division.shares.items()},

@@ -28,8 +28,6 @@ import argparse
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import threading
 import time
@@ -40,15 +38,9 @@ sys.path.insert(0, str(REPO))
 
 from packrat.bench.loadgen import Target, closed_loop  # noqa: E402
 from packrat.bench.run import sample_request  # noqa: E402
+from packrat.profile.fingerprint import cpu_model  # noqa: E402
 from packrat.types import Instance, Plan  # noqa: E402
 
-
-def cpu_name() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def uniform(n: int, threads: int, cap: int, cores: int) -> Plan:
@@ -82,7 +74,7 @@ def main() -> int:
     store.mkdir(parents=True, exist_ok=True)
     cores = list(usable_cores().cores)
     T, B = len(cores), args.clients
-    info = {"cpu": cpu_name(), "cores": T, "clients_per_model": B, "seconds": args.seconds,
+    info = {"cpu": cpu_model(), "cores": T, "clients_per_model": B, "seconds": args.seconds,
             "loadavg_start": os.getloadavg(), "command": " ".join(sys.argv),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     results = open(out / "results.jsonl", "a")

@@ -76,6 +76,9 @@ def test_real_tiny_archive_profile_t2_b4(tmp_path):
         next(p.mean_ms for p in profile.corun if p.batch == 2)
     assert realizable_plan(profile, 2, 4).predicted_latency_ms in (
         thin.predicted_latency_ms, profile.latency(2, 4), profile.instance_latency(1, 4, 1))
+    # ... and it is the fastest of them (the thin one scored by its co-run figure).
+    assert realizable_plan(profile, 2, 4).predicted_latency_ms == min(
+        thin.predicted_latency_ms, profile.latency(2, 4), profile.instance_latency(1, 4, 1))
     # the worker wrote no bytecode into the archive (it would not change the id, but it litters)
     assert not list(Path(archive_path).rglob("__pycache__"))
 

@@ -170,7 +170,8 @@ def divide_cores(demands: Sequence[Demand], cores: Sequence[int]) -> Division:
                    and tables[d.model][counts[d.model]] < tables[d.model][counts[d.model] - 1]]
         if not gaining:
             gaining = [d.model for d in active if counts[d.model] < most] or [active[0].model]
-        pick = max(gaining, key=lambda m: (tables[m][counts[m] - 1], -[d.model for d in active].index(m)))
+        order = [d.model for d in active]
+        pick = max(gaining, key=lambda m: (tables[m][counts[m] - 1], -order.index(m)))
         counts[pick] += 1
         left -= 1
 
@@ -179,7 +180,8 @@ def divide_cores(demands: Sequence[Demand], cores: Sequence[int]) -> Division:
     for d in active:
         shares[d.model] = cores[offset: offset + counts[d.model]]
         offset += counts[d.model]
-    predicted = {m: tables[m][counts[m] - 1] / next(d.weight for d in active if d.model == m)
+    weights = {d.model: d.weight for d in active}
+    predicted = {m: tables[m][counts[m] - 1] / weights[m]
                  for m in counts if not math.isinf(tables[m][counts[m] - 1])}
     return Division(cores, shares, idle, unplanned, predicted, "split")
 
