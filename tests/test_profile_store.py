@@ -179,3 +179,24 @@ def test_contention_warning_flags_busy_points_only():
     warning = contention_warning(replace(_profile(), points=(quiet, starved, loaded)))
     # 2 busy points of 3; the worst load (7.5 > 2 cores) and the lowest share (0.35) are named
     assert warning.startswith("warning: 2 of 3 points") and "7.5 on 2 cores" in warning and "0.35" in warning
+
+
+def test_a_profile_without_every_thread_count_is_not_reused_for_more_cores(tmp_path):
+    """The tune reuses a mode's profile only if it has points at every thread count
+    1..cores its plans may give a worker (a 1-core profile cannot plan 2-thread workers)."""
+    from packrat.profile.library import check_mode_profile, expected_fingerprint
+
+    config = {"packrat": {"precision": "fp32", "runtime": "eager"}}
+    fp = expected_fingerprint(config, "fp32-eager")
+    one_thread = Profile(model_id="sha256:abc", scope="handler", fingerprint=fp,
+                         points=(ProfilePoint(1, 1, 10.0, 10.0, 11.0, 0.1, 20),
+                                 ProfilePoint(1, 2, 19.0, 19.0, 20.0, 0.1, 20)))
+    path = tmp_path / "fp32-eager.json"
+    save_profile(one_thread, path)
+    assert check_mode_profile(path, "fp32-eager", "sha256:abc", config).usable  # threads not asked
+    assert check_mode_profile(path, "fp32-eager", "sha256:abc", config, cores=1).usable
+    two = check_mode_profile(path, "fp32-eager", "sha256:abc", config, cores=2)
+    assert not two.usable and two.problems == ("thread counts [1] do not cover 1..2",)
+    both = replace(one_thread, points=one_thread.points + (ProfilePoint(2, 1, 6.0, 6.0, 7.0, 0.1, 20),))
+    save_profile(both, path)
+    assert check_mode_profile(path, "fp32-eager", "sha256:abc", config, cores=2).usable

@@ -239,8 +239,9 @@ def tune_model(
     for mode in modes:
         path = profile_file(state_dir, model, mode)
         # Points a run's budget omitted stay omitted until a fresh tune: a reused profile
-        # needs only to be valid (hash, fingerprint, complete) and to reach the batch sizes.
-        chk = check_mode_profile(path, mode, archive.model_id, archive.config)
+        # needs only to be valid (hash, fingerprint, complete), to reach the batch sizes and
+        # to have points at every thread count the plan may give a worker (1..cores).
+        chk = check_mode_profile(path, mode, archive.model_id, archive.config, cores=settings.cores)
         fp = asdict(current_fingerprint(config_in_mode(archive.config, mode)))
         prof_max = (chk.profile.extra.get("settings") or {}).get("max_batch", 0) if chk.profile else 0
         refused = _refused_before(previous, mode, archive.model_id, fp)
