@@ -57,3 +57,27 @@ def test_all_bad_batch_skips_the_model(tiny_store) -> None:
     task = load(tiny_store / "tiny-bert")
     out = task.run([{"body": b""}, {"body": b"\xff"}])
     assert [r.status for r in out] == [400, 400]
+
+
+@pytest.mark.parametrize("size", [(320, 240), (240, 320), (1000, 667), (200, 150), (257, 256), (4000, 300)])
+def test_one_step_resize_and_crop_matches_the_standard_two_step_transform(size) -> None:
+    """to_pixels resizes only the box the centre crop keeps; it must give what
+    resize(shorter side 256) + centre crop(224) gives, to within 8-bit rounding."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    sys.path.insert(0, str(__import__("packrat.archive.builder", fromlist=["x"]).HANDLER_DIR))
+    from packrat_tasks.image import CROP, MEAN, STD, resized_size, to_pixels
+    from packrat_tasks.samples import sample_jpeg
+
+    img = Image.open(io.BytesIO(sample_jpeg(*size, seed=7)))
+    two_step = img.convert("RGB").resize(resized_size(*img.size), Image.Resampling.BILINEAR)
+    w, h = two_step.size
+    left, top = (w - CROP) // 2, (h - CROP) // 2
+    two_step = np.asarray(two_step.crop((left, top, left + CROP, top + CROP)), dtype=np.float32)
+    levels = (to_pixels(img).transpose(1, 2, 0) * STD + MEAN) * 255.0 - two_step
+    assert to_pixels(img).shape == (3, CROP, CROP)
+    assert np.abs(levels).max() <= 1.01, np.abs(levels).max()  # one 8-bit level at most
+    assert np.abs(levels).mean() < 0.3  # rounding: PIL's two passes round at other points

