@@ -1,0 +1,151 @@
+#!/usr/bin/env python
+"""TorchServe's own cost beside the model's: issue 15's per-request targets, in one run.
+
+1. The no-op archive through TorchServe, one client, batch 1: the server's round trip.
+2. DistilBERT, 8-token input, batch 1, in MODE (default bf16-openvino): in process
+   (forward only, and the handler's whole path `task.run`) with all cores as threads,
+   then through TorchServe (one worker x all cores, one client).
+   Target: end-to-end p50 <= in-process p50 + no-op p50 + 1 ms.
+3. ResNet-50, B = 8, in MODE: in process (forward of a batch of 8; `task.run` of 8
+   requests), then through TorchServe, fat (1 worker x all cores, batch cap 8) and thin
+   (one 1-thread worker per core, cap 8 / cores), 8 closed-loop clients.
+   Target: through TorchServe <= 1.25x in process.
+
+In-process points are measured before and after the TorchServe ones (the machine may
+drift); every row goes to --out (JSONL) as it lands; --report renders the markdown.
+
+    python scripts/bench_overhead.py --out bench-out/overhead.jsonl
+    python scripts/bench_overhead.py --report bench-out/overhead.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_modes import Results, _body, bench_torchserve, build_archive, load_mode  # noqa: E402
+
+
+def timed(fn, seconds: float, min_reps: int = 20) -> dict:
+    """p50 / min of fn() after one warm-up call, for `seconds` and at least min_reps calls."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return {"p50_ms": round(statistics.median(times), 3), "min_ms": round(min(times), 3), "reps": len(times)}
+
+
+def in_process(model: str, mode: str, batch: int, seconds: float, results: Results, run: str,
+               store: Path, when: str, max_length: int | None = None) -> bytes:
+    archive = build_archive(model, store, f"{model}-inproc", max_length=max_length)
+    task = load_mode(archive, mode)
+    requests = task.sample_requests(batch)
+    prepared = task.preprocess(requests)
+    for path, fn in (("forward", lambda: task.forward(prepared)), ("handler", lambda: task.run(requests))):
+        results.add(run=run, kind="in-process", model=model, mode=mode, batch=batch, path=path, when=when,
+                    threads=task.runner.threads, **timed(fn, seconds))
+    return requests[0]["body"]  # the task goes with this frame (the caller collects)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", default="bf16-openvino", help="execution mode of both models")
+    parser.add_argument("--seconds", type=float, default=8.0, help="per in-process point")
+    parser.add_argument("--requests", type=int, default=200, help="measured requests per TorchServe point")
+    parser.add_argument("--text-model", default="distilbert", help="e.g. tiny-distilbert for a smoke run")
+    parser.add_argument("--image-model", default="resnet50", help="e.g. tiny-resnet for a smoke run")
+    parser.add_argument("--out", type=Path, default=Path("bench-out/overhead.jsonl"))
+    parser.add_argument("--report", type=Path, default=None)
+    args = parser.parse_args()
+    if args.report:
+        print(render(args.report))
+        return 0
+    import signal
+
+    import torch
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # finally blocks stop TorchServe
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    results = Results(args.out)
+    run = time.strftime("%Y%m%dT%H%M%S")
+    from packrat.profile.fingerprint import cpu_model
+
+    results.add(run=run, kind="machine", cpu=cpu_model(), cores=len(os.sched_getaffinity(0)),
+                torch=torch.__version__, load_avg=os.getloadavg(), command=" ".join(sys.argv))
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
+        tmp = Path(tmp)
+        bench_torchserve("noop", "fp32-eager", [1], results, run, tmp / "ts-noop", args.requests,
+                         b'{"x": 1}', "application/json", shapes=("fat",), label="torchserve")
+        text, image = args.text_model, args.image_model
+        body = in_process(text, args.mode, 1, args.seconds, results, run, tmp / "store", "before", max_length=8)
+        bench_torchserve(text, args.mode, [1], results, run, tmp / "ts-text", args.requests,
+                         body, "text/plain", shapes=("fat",), max_length=8, label="torchserve")
+        gc.collect()
+        in_process(text, args.mode, 1, args.seconds, results, run, tmp / "store", "after", max_length=8)
+        in_process(image, args.mode, 8, args.seconds, results, run, tmp / "store", "before")
+        body, ctype = _body(image)
+        bench_torchserve(image, args.mode, [8], results, run, tmp / "ts-image", args.requests // 2,
+                         body, ctype, label="torchserve")
+        in_process(image, args.mode, 8, args.seconds, results, run, tmp / "store", "after")
+    return 0
+
+
+def render(path: Path) -> str:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    machine = next(r for r in rows if r["kind"] == "machine")
+    run = [r for r in rows if r.get("run") == machine["run"]]
+    lines = [f"Run {machine['run']}: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
+             f"1-min load average at start {machine['load_avg'][0]:.2f}.", "",
+             "| model | B | where | p50 ms | min ms | n | load avg |", "|---|---:|---|---:|---:|---:|---:|"]
+    for r in run:
+        if r["kind"] == "in-process":
+            where = f"in process, {r['path']} ({r['when']}), {r['threads']} threads"
+            lines.append(f"| {r['model']} | {r['batch']} | {where} | {r['p50_ms']} | {r['min_ms']} | "
+                         f"{r['reps']} | {r['load_avg_1m']} |")
+        elif r["kind"] == "torchserve":
+            lines.append(f"| {r['model']} | {r['batch']} | TorchServe {r['shape']} ({r['mode']}) | "
+                         f"{r.get('p50_ms')} | {r.get('min_ms')} | {r.get('ok', r.get('requests'))} | "
+                         f"{r['load_avg_1m']} |")
+    lines += ["", *targets(run)]
+    return "\n".join(lines)
+
+
+def targets(run: list[dict]) -> list[str]:
+    """Issue 15's two per-request targets read from one run (in process: the faster of before/after)."""
+    def inproc(model: str, path: str) -> float:
+        return min(r["p50_ms"] for r in run if r["kind"] == "in-process" and r["model"] == model
+                   and r["path"] == path)
+
+    served = {(r["model"], r["shape"]): r["p50_ms"] for r in run if r["kind"] == "torchserve" and r.get("p50_ms")}
+    noop = served.get(("noop", "fat"))
+    out = []
+    for (model, shape), ms in served.items():
+        if model == "noop":
+            continue
+        forward, handler = inproc(model, "forward"), inproc(model, "handler")
+        if shape == "fat" and noop is not None and not any(k[0] == model and k[1] == "thin" for k in served):
+            budget = forward + noop + 1.0
+            out.append(f"- {model}, batch 1: through TorchServe {ms:.2f} ms against in-process forward "
+                       f"{forward:.2f} + no-op {noop:.2f} + 1 ms = {budget:.2f} ms: "
+                       f"{'met' if ms <= budget else f'not met (+{ms - budget:.2f} ms)'}; the handler's "
+                       f"whole path in process takes {handler:.2f} ms.")
+        else:
+            out.append(f"- {model}, B = 8, {shape}: through TorchServe {ms:.1f} ms = {ms / forward:.2f}x the "
+                       f"in-process forward ({forward:.1f} ms), {ms / handler:.2f}x the in-process handler path "
+                       f"({handler:.1f} ms; target <= 1.25x: {'met' if ms <= 1.25 * forward else 'not met'}).")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
