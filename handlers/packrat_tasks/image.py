@@ -27,7 +27,7 @@ from PIL import Image, UnidentifiedImageError
 
 from packrat_tasks.base import (
     Batch, RequestError, Task, check_body_size, decoded_depth_exceeds, get_field,
-    load_json, reject_form, request_value,
+    load_json, model_labels, reject_form, request_value,
 )
 from packrat_tasks.runtime import LazyModule, build_runner, model_needed
 from packrat_tasks.samples import sample_jpeg
@@ -108,19 +108,19 @@ class ImageClassificationTask(Task):
 
     def __init__(self, model_dir: str, config: dict[str, Any]) -> None:
         super().__init__(model_dir, config)
-        import transformers
-
         section = config.get("packrat") or {}
         path = os.path.join(model_dir, section.get("model_dir", "model"))
 
         def load() -> PreTrainedModel:
+            import transformers
+
             return transformers.AutoModelForImageClassification.from_pretrained(path).eval()
 
-        # A mode served from the build cache alone never loads the model (runtime.model_needed).
+        # A mode served from the build cache alone never loads the model (runtime.model_needed),
+        # nor imports transformers.
         self.model = load() if model_needed(model_dir, config, "classification") else None
         module = _Logits(self.model) if self.model is not None else LazyModule(lambda: _Logits(load()))
-        self.labels = (self.model.config if self.model is not None
-                       else transformers.AutoConfig.from_pretrained(path)).id2label
+        self.labels = self.model.config.id2label if self.model is not None else model_labels(path)
         self.top_k = min(int(section.get("top_k", 5)), len(self.labels))
         self.max_bytes = int(section.get("max_image_bytes", MAX_IMAGE_BYTES))
         self.max_pixels = int(section.get("max_image_pixels", MAX_IMAGE_PIXELS))

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from packrat_tasks.base import (
-    TEXT_CHARS_PER_TOKEN, Batch, RequestError, Task, check_text, get_field, parse_json_or_text,
+    TEXT_CHARS_PER_TOKEN, Batch, RequestError, Task, check_text, get_field, model_labels, parse_json_or_text,
 )
 from packrat_tasks.runtime import LazyModule, build_runner, model_needed, needs_fixed_shapes
+from packrat_tasks.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -73,20 +74,20 @@ class _TextTask(Task):
 
     def __init__(self, model_dir: str, config: dict[str, Any]) -> None:
         super().__init__(model_dir, config)
-        import transformers
-
         section = config.get("packrat") or {}
         path = os.path.join(model_dir, section.get("model_dir", "model"))
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        self.tokenizer = load_tokenizer(path)
 
         def load() -> PreTrainedModel:
+            import transformers
+
             return getattr(transformers, self.auto_class).from_pretrained(path).eval()
 
-        # A mode served from the build cache alone never loads the model (runtime.model_needed).
+        # A mode served from the build cache alone never loads the model (runtime.model_needed),
+        # nor imports transformers.
         self.model = load() if model_needed(model_dir, config, self.guard_kind) else None
         module = self.adapter(self.model) if self.model is not None else LazyModule(lambda: self.adapter(load()))
-        self.id2label = (self.model.config if self.model is not None
-                         else transformers.AutoConfig.from_pretrained(path)).id2label
+        self.id2label = self.model.config.id2label if self.model is not None else model_labels(path)
         self.max_length = int(section.get("max_length", 128))
         self.max_text_chars = int(section.get("max_text_chars", TEXT_CHARS_PER_TOKEN * self.max_length))
         # Graph modes specialised to shapes get every batch padded to max_length.
