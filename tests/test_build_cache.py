@@ -112,6 +112,34 @@ def test_one_byte_of_a_weight_or_config_file_or_the_mode_changes_the_key(store: 
     config_path.write_text(original)
 
 
+def test_the_archive_digest_is_memoised_across_processes_until_a_file_changes(store: Path, monkeypatch) -> None:
+    """A new worker reuses the digest another process computed (no 440 MB re-hash), but
+    only while every file is as it was; a file changed within MEMO_SETTLE_S is hashed
+    and never memoised (its stamp could survive a second write in the same clock tick)."""
+    archive = str(store / "bert")
+    time.sleep(build_cache.MEMO_SETTLE_S + 0.1)  # the archive was just built: let it settle
+    first = build_cache.archive_digest(archive)
+    memo = build_cache._memo_path(os.path.realpath(archive))
+    assert memo is not None and memo.is_file()
+
+    def no_hashing(path):
+        raise AssertionError("hashed again although the memo was valid")
+
+    _new_process()
+    with monkeypatch.context() as mp:
+        mp.setattr(build_cache, "_config_bytes", no_hashing)  # read only when hashing
+        assert build_cache.archive_digest(archive) == first
+
+    _flip_byte(store / "bert" / WEIGHTS, 1000)
+    _new_process()
+    changed = build_cache.archive_digest(archive)
+    assert changed != first
+    assert build_cache._read_memo(memo, build_cache._stamp(build_cache._files(Path(archive)))) is None  # racy
+    memo.unlink()
+    _new_process()
+    assert build_cache.archive_digest(archive) == changed  # the same digest without any memo
+
+
 def test_concurrent_builders_build_once(tmp_path: Path) -> None:
     key_dir = tmp_path / "cache" / "k"
     log = tmp_path / "builds.log"

@@ -51,6 +51,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -71,6 +72,7 @@ PER_VERSION_KEYS = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
 PER_VERSION_PACKRAT_KEYS = ("plan_id", "base", "slots", "plan", "precision", "runtime")
 LIBRARIES = ("torch", "openvino", "onnxruntime", "transformers", "intel-extension-for-pytorch")
 
+MEMO_SETTLE_S = 2.0  # archive_digest: a file changed this recently is hashed, never memoised
 _digests: dict[str, str] = {}  # realpath of a model dir -> digest, for the life of this process
 
 
@@ -118,25 +120,80 @@ def _files(root: Path) -> list[tuple[str, Path]]:
 def archive_digest(model_dir: str) -> str:
     """sha256 over the archive's files: relative names and contents (see the module doc).
 
-    Memoised per process: a worker hashes its archive once (BERT-base's 440 MB
-    take ~0.3 s), and nothing in an archive changes under a running worker.
+    Memoised per process, and across processes in the cache root (`digests/`): every
+    new worker used to hash its archive again (BERT-base's 440 MB: ~0.3 s of CPU per
+    worker start). The on-disk memo is used only while every file's name, size, inode,
+    mtime and ctime are what they were when it was hashed; a write to any file changes
+    its ctime (which no user call can set back), so a changed archive is hashed again
+    (and a stamp younger than MEMO_SETTLE_S is never memoised: see below).
     """
     real = os.path.realpath(model_dir)
     if real in _digests:
         return _digests[real]
-    h = hashlib.sha256()
-    for rel, path in _files(Path(real)):
-        h.update(rel.encode() + b"\0")
-        if rel == CONFIG:
-            data = _config_bytes(path)
-            h.update(len(data).to_bytes(8, "little") + data)
-            continue
-        h.update(path.stat().st_size.to_bytes(8, "little"))
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-    _digests[real] = digest = h.hexdigest()
+    files = _files(Path(real))
+    stamp = _stamp(files)
+    memo = _memo_path(real)
+    digest = _read_memo(memo, stamp)
+    if digest is None:
+        h = hashlib.sha256()
+        for rel, path in files:
+            h.update(rel.encode() + b"\0")
+            if rel == CONFIG:
+                data = _config_bytes(path)
+                h.update(len(data).to_bytes(8, "little") + data)
+                continue
+            h.update(path.stat().st_size.to_bytes(8, "little"))
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+        digest = h.hexdigest()
+        # Racy stamps (git's word): file times have a clock tick's granularity, so a file
+        # written again within the tick of its last change could keep its stamp. A stamp
+        # is memoised only once every file's last change is MEMO_SETTLE_S old, and only
+        # if nothing changed while it was hashed.
+        settled = time.time_ns() - max((s[5] for s in stamp), default=0) > MEMO_SETTLE_S * 1e9
+        if settled and _stamp(files) == stamp:
+            _write_memo(memo, stamp, digest)
+    _digests[real] = digest
     return digest
+
+
+def _stamp(files: list[tuple[str, Path]]) -> list[list[Any]]:
+    out = []
+    for rel, path in files:
+        st = path.stat()
+        out.append([rel, st.st_size, st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns])
+    return out
+
+
+def _memo_path(real: str) -> Path | None:
+    try:
+        return cache_root(real) / "digests" / (hashlib.sha256(real.encode()).hexdigest()[:32] + ".json")
+    except OSError:
+        return None
+
+
+def _read_memo(memo: Path | None, stamp: list[list[Any]]) -> str | None:
+    if memo is None:
+        return None
+    try:
+        data = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and data.get("stamp") == stamp and isinstance(data.get("digest"), str)
+    return data["digest"] if ok else None
+
+
+def _write_memo(memo: Path | None, stamp: list[list[Any]], digest: str) -> None:
+    if memo is None:
+        return
+    try:
+        memo.parent.mkdir(mode=0o700, exist_ok=True)
+        tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"stamp": stamp, "digest": digest}))
+        os.replace(tmp, memo)  # atomic: a reader sees the old memo or the new one
+    except OSError as exc:
+        log.warning("build cache: could not memoise the archive digest (%s)", exc)
 
 
 def _versions() -> dict[str, str | None]:
