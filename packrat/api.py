@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
@@ -85,7 +85,8 @@ WEB_HEADERS = {
     "Cache-Control": "no-store",
 }
 # Paths answered without the token (read-only, no secrets).
-OPEN_PATHS = frozenset({"/metrics", "/openapi.json", "/healthz", *WEB_FILES})
+# "/ui/" (a typed trailing slash) redirects to "/ui": the page's links are relative to it.
+OPEN_PATHS = frozenset({"/metrics", "/openapi.json", "/healthz", "/ui/", *WEB_FILES})
 UNAUTHORISED = ("missing or wrong token: send Authorization: Bearer <management key from "
                 "TorchServe's key_file.json>")
 
@@ -439,6 +440,8 @@ def create_app(controller: Controller) -> FastAPI:
     # the key the user types in. Not API operations, so not in the spec.
     for web_path, (name, media_type) in WEB_FILES.items():
         app.add_api_route(web_path, web_file(name, media_type), methods=["GET"], include_in_schema=False)
+    app.add_api_route("/ui/", lambda: RedirectResponse("/ui", status_code=308), methods=["GET"],
+                      include_in_schema=False)
 
     document_errors(app)
     return app

@@ -138,6 +138,9 @@ def test_page_and_healthz_need_no_token_the_data_does(stack) -> None:
         csp = r.headers["content-security-policy"]
         assert "default-src 'none'" in csp and "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
         assert MODEL not in r.text  # no data in the page itself
+    slash = requests.get(f"{ctl.url}/ui/", timeout=10, allow_redirects=False)  # typed with a slash
+    assert slash.status_code == 308 and slash.headers["location"] == "/ui", (slash.status_code, slash.text)
+    assert requests.get(f"{ctl.url}/ui/", timeout=10).headers["content-type"].startswith("text/html")
     # What the page calls is guarded as before.
     for path in ("/v1/models", f"/v1/models/{MODEL}/status", f"/v1/jobs?model={MODEL}"):
         assert requests.get(f"{ctl.url}{path}", timeout=10).status_code == 401
