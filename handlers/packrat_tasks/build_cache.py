@@ -43,6 +43,7 @@ raises; nothing is left behind.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -196,6 +197,7 @@ def _write_memo(memo: Path | None, stamp: list[list[Any]], digest: str) -> None:
         log.warning("build cache: could not memoise the archive digest (%s)", exc)
 
 
+@functools.cache  # per process: a worker's libraries and CPU do not change under it
 def _versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in LIBRARIES:
@@ -206,6 +208,7 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
+@functools.cache
 def _cpu() -> dict[str, str]:
     """The CPU's model name and a hash of its flags (compiled graphs are ISA-specific)."""
     model, flags = "", ""
@@ -272,8 +275,8 @@ def cache_key(model_dir: str, mode: str, threads: int | None = None,
         "archive": archive_digest(model_dir),
         "mode": mode,
         "threads": threads,
-        "versions": _versions(),
-        "cpu": _cpu(),
+        "versions": dict(_versions()),
+        "cpu": dict(_cpu()),
         "extra": extra or {},
     }
 
