@@ -205,7 +205,7 @@ def get_field(obj: dict, name: str, kind: type, default: Any = None, required: b
 def model_labels(model_path: str) -> dict[int, str]:
     """id2label of the model directory's config.json, read as JSON: a worker that serves
     from the build cache alone then never imports transformers (~0.5 s of CPU per worker
-    start, and 0.3 s more for AutoConfig). A config without id2label gets transformers'
+    start on the 2-core EPYC). A config without id2label gets transformers'
     default, LABEL_0 .. LABEL_{num_labels - 1} with 2 labels unless num_labels says
     otherwise (tests/test_worker_imports.py compares with AutoConfig)."""
     import os

@@ -74,11 +74,6 @@ def generation_refusal() -> str:
             "generation guard on GPT-2).")
 
 
-def torch_runtime_refusal(runtime: str) -> str:
-    return (f"int8-static (int8s) is offered with the {' and '.join(RUNTIMES)} runtimes only "
-            f"(calibrated int8 graphs), not {runtime!r}; use int8 for dynamic quantisation there.")
-
-
 # -- calibration data ----------------------------------------------------------
 
 
@@ -326,4 +321,4 @@ def quantized_model(runtime: str, module: torch.nn.Module, example_inputs: tuple
 __all__ = ["CALIBRATION_FILE", "DEFAULT_SAMPLES", "RECIPE", "RUNTIMES", "build_onnxruntime",
            "build_openvino", "builtin_requests", "calibration_inputs", "calibration_requests",
            "calibration_source", "file_requests", "generation_refusal", "onnx_head", "openvino_head",
-           "quantized_model", "torch_runtime_refusal"]
+           "quantized_model"]
