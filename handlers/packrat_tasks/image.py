@@ -29,7 +29,7 @@ from packrat_tasks.base import (
     Batch, RequestError, Task, check_body_size, decoded_depth_exceeds, get_field,
     load_json, model_labels, reject_form, request_value,
 )
-from packrat_tasks.runtime import LazyModule, build_runner, model_needed
+from packrat_tasks.runtime import build_runner, framework_model
 from packrat_tasks.samples import sample_jpeg
 
 if TYPE_CHECKING:
@@ -116,11 +116,9 @@ class ImageClassificationTask(Task):
 
             return transformers.AutoModelForImageClassification.from_pretrained(path).eval()
 
-        # A mode served from the build cache alone never loads the model (runtime.model_needed),
-        # nor imports transformers.
-        self.model = load() if model_needed(model_dir, config, "classification") else None
-        module = _Logits(self.model) if self.model is not None else LazyModule(lambda: _Logits(load()))
-        self.labels = self.model.config.id2label if self.model is not None else model_labels(path)
+        # A mode served from the build cache alone never loads the model, nor imports transformers.
+        self.model, module = framework_model(load, _Logits, model_dir, config, "classification")
+        self.labels = model_labels(path)
         self.top_k = min(int(section.get("top_k", 5)), len(self.labels))
         self.max_bytes = int(section.get("max_image_bytes", MAX_IMAGE_BYTES))
         self.max_pixels = int(section.get("max_image_pixels", MAX_IMAGE_PIXELS))

@@ -199,6 +199,17 @@ def materialize(module: Any) -> torch.nn.Module:
     return module.get() if isinstance(module, LazyModule) else module
 
 
+def framework_model(load: Callable[[], Any], wrap: Callable[[Any], torch.nn.Module],
+                    model_dir: str | None, config: dict[str, Any], kind: str) -> tuple[Any, Any]:
+    """(the loaded model or None, the module to build the mode from): loaded now unless
+    model_needed() says the worker serves from the build cache alone; then a LazyModule
+    that loads it only if the cache entry vanished."""
+    if model_needed(model_dir, config, kind):
+        model = load()
+        return model, wrap(model)
+    return None, LazyModule(lambda: wrap(load()))
+
+
 def _artifact_key_dir(model_dir: str, config: dict[str, Any], what: str,
                       threads: int | None = None) -> Path:
     """The build-cache directory cached_artifact() uses for `what` (one keying, two callers)."""

@@ -18,7 +18,7 @@ import torch
 from packrat_tasks.base import (
     TEXT_CHARS_PER_TOKEN, Batch, RequestError, Task, check_text, get_field, model_labels, parse_json_or_text,
 )
-from packrat_tasks.runtime import LazyModule, build_runner, model_needed, needs_fixed_shapes
+from packrat_tasks.runtime import build_runner, framework_model, needs_fixed_shapes
 from packrat_tasks.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
@@ -83,11 +83,9 @@ class _TextTask(Task):
 
             return getattr(transformers, self.auto_class).from_pretrained(path).eval()
 
-        # A mode served from the build cache alone never loads the model (runtime.model_needed),
-        # nor imports transformers.
-        self.model = load() if model_needed(model_dir, config, self.guard_kind) else None
-        module = self.adapter(self.model) if self.model is not None else LazyModule(lambda: self.adapter(load()))
-        self.id2label = self.model.config.id2label if self.model is not None else model_labels(path)
+        # A mode served from the build cache alone never loads the model, nor imports transformers.
+        self.model, module = framework_model(load, self.adapter, model_dir, config, self.guard_kind)
+        self.id2label = model_labels(path)
         self.max_length = int(section.get("max_length", 128))
         self.max_text_chars = int(section.get("max_text_chars", TEXT_CHARS_PER_TOKEN * self.max_length))
         # Graph modes specialised to shapes get every batch padded to max_length.
