@@ -308,13 +308,18 @@ def _rss_mb(pid: int) -> list[float] | None:
     return [got.get("VmRSS"), got.get("VmHWM")]
 
 
-def render_int8s(path: Path) -> str:
+def last_run(path: Path) -> tuple[list[dict], list[str]]:
+    """The rows of the last run in a JSONL file, and the markdown lines naming its machine."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     run = rows[-1]["run"]
     rows = [r for r in rows if r.get("run") == run]
     machine = next((r for r in rows if r["kind"] == "machine"), {})
-    out = [f"Run {run}: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')}, "
-           f"load average at start {machine.get('load_avg')}.", ""]
+    return rows, [f"Run {run}: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')}, "
+                  f"load average at start {machine.get('load_avg')}.", ""]
+
+
+def render_int8s(path: Path) -> str:
+    rows, out = last_run(path)
     for model in dict.fromkeys(r["model"] for r in rows if r.get("model")):
         builds = {r["mode"]: r for r in rows if r.get("model") == model and r["kind"] == "int8s-build"}
         inproc = {r["mode"]: r for r in rows if r.get("model") == model and r["kind"] == "int8s-inproc"}
@@ -520,12 +525,8 @@ def _cpu() -> str:
 
 
 def render(path: Path) -> str:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    run = rows[-1]["run"]
-    rows = [r for r in rows if r.get("run") == run]
+    rows, out = last_run(path)
     machine = next((r for r in rows if r["kind"] == "machine"), {})
-    out = [f"Run {run}: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')}, "
-           f"load average at start {machine.get('load_avg')}.", ""]
     for model in dict.fromkeys(r["model"] for r in rows if r.get("model")):
         mrows = [r for r in rows if r.get("model") == model and r["kind"] in ("mode", "peer")]
         if not mrows:

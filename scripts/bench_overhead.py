@@ -22,28 +22,16 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_modes import Results, _body, bench_torchserve, build_archive, load_mode  # noqa: E402
-
-
-def timed(fn, seconds: float, min_reps: int = 20) -> dict:
-    """p50 / min of fn() after one warm-up call, for `seconds` and at least min_reps calls."""
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_reps or time.perf_counter() - start < seconds:
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1000)
-    return {"p50_ms": round(statistics.median(times), 3), "min_ms": round(min(times), 3), "reps": len(times)}
+from bench_modes import (  # noqa: E402
+    Results, _body, bench_torchserve, build_archive, last_run, load_mode, time_calls,
+)
 
 
 def in_process(model: str, mode: str, batch: int, seconds: float, results: Results, run: str,
@@ -54,7 +42,7 @@ def in_process(model: str, mode: str, batch: int, seconds: float, results: Resul
     prepared = task.preprocess(requests)
     for path, fn in (("forward", lambda: task.forward(prepared)), ("handler", lambda: task.run(requests))):
         results.add(run=run, kind="in-process", model=model, mode=mode, batch=batch, path=path, when=when,
-                    threads=task.runner.threads, **timed(fn, seconds))
+                    threads=task.runner.threads, **time_calls(fn, seconds, min_reps=20, max_reps=10**9))
     return requests[0]["body"]  # the task goes with this frame (the caller collects)
 
 
@@ -102,12 +90,8 @@ def main() -> int:
 
 
 def render(path: Path) -> str:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    machine = next(r for r in rows if r["kind"] == "machine")
-    run = [r for r in rows if r.get("run") == machine["run"]]
-    lines = [f"Run {machine['run']}: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
-             f"1-min load average at start {machine['load_avg'][0]:.2f}.", "",
-             "| model | B | where | p50 ms | min ms | n | load avg |", "|---|---:|---|---:|---:|---:|---:|"]
+    run, lines = last_run(path)
+    lines += ["| model | B | where | p50 ms | min ms | n | load avg |", "|---|---:|---|---:|---:|---:|---:|"]
     for r in run:
         if r["kind"] == "in-process":
             where = f"in process, {r['path']} ({r['when']}), {r['threads']} threads"
