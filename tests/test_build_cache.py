@@ -27,7 +27,7 @@ from packrat.archive.builder import HANDLER_DIR
 sys.path.insert(0, str(HANDLER_DIR))
 from packrat_tasks import build_cache  # noqa: E402
 from packrat_tasks import guard  # noqa: E402
-from packrat_tasks.runtime import RUNTIMES, runtime  # noqa: E402
+from modes_support import noisy_runtime  # noqa: E402
 
 MODES = ["fp32-onnxruntime", "fp32-torchscript", "fp32-openvino"]
 WEIGHTS = "model/model.safetensors"
@@ -214,22 +214,8 @@ def test_a_changed_archive_never_loads_a_stale_build(store: Path, mode: str) -> 
 @pytest.fixture
 def counted_broken_runtime():
     """A mode that disagrees with fp32 eager, counting how often it is built."""
-    built = []
-
-    @runtime("test-counted")
-    def _counted(module, example_inputs, config, precision, runner):
-        built.append(1)
-        gen = torch.Generator().manual_seed(0)
-
-        def run(*tensors):
-            with torch.inference_mode():
-                out = module(*tensors).float()
-            return out + torch.randn(out.shape, generator=gen) * out.abs().max() * 3
-
-        return run
-
-    yield built
-    RUNTIMES.pop("test-counted")
+    with noisy_runtime("test-counted") as built:
+        yield built
 
 
 def test_a_refused_mode_stays_refused_and_a_changed_archive_is_guarded_again(

@@ -18,7 +18,8 @@ from packrat.archive.builder import HANDLER_DIR
 sys.path.insert(0, str(HANDLER_DIR))
 from packrat_tasks import guard  # noqa: E402
 from packrat_tasks.precision import PrecisionError, bf16_problem  # noqa: E402
-from packrat_tasks.runtime import RUNTIMES, make_runner, runtime  # noqa: E402
+from packrat_tasks.runtime import make_runner  # noqa: E402
+from modes_support import noisy_runtime  # noqa: E402
 
 HAVE_OV = importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("onnx") is not None
 
@@ -44,20 +45,8 @@ def _load(store: Path, name: str, **packrat):
 @pytest.fixture
 def broken_runtime():
     """A deliberately broken mode: the right shapes, every logit perturbed by noise."""
-
-    @runtime("test-broken")
-    def _broken(module, example_inputs, config, precision, runner):
-        gen = torch.Generator().manual_seed(0)
-
-        def run(*tensors):
-            with torch.inference_mode():
-                out = module(*tensors).float()
-            return out + torch.randn(out.shape, generator=gen) * out.abs().max() * 3
-
-        return run
-
-    yield "test-broken"
-    RUNTIMES.pop("test-broken")
+    with noisy_runtime("test-broken"):
+        yield "test-broken"
 
 
 def test_broken_mode_is_refused_with_its_numbers(store, broken_runtime) -> None:
