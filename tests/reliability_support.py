@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from packrat.apply.swap import unread_bytes
+
 SLEEP_MODEL = Path(__file__).parent / "data" / "observe" / "sleepmodel"
 
 
@@ -29,3 +31,12 @@ def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def holding_unread(pids: list[int]) -> bool:
+    """Every (stopped) worker in `pids` has a batch written to its socket and not read.
+
+    The queue's pendingRequests is 0 both before a request reaches the queue and
+    after a worker took it: only the unread bytes tell the two apart.
+    """
+    return all((unread_bytes(pid) or 0) > 0 for pid in pids)

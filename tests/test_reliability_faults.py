@@ -32,7 +32,7 @@ from packrat.apply import versions
 from packrat.bench.loadcheck import ContinuousLoad
 from packrat.control import Controller, ControllerSettings
 from packrat.types import Instance, Plan
-from reliability_support import copy_sleep_model, wait_for
+from reliability_support import copy_sleep_model, holding_unread, wait_for
 from serving_support import ControllerProcess, start_server
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
@@ -340,7 +340,10 @@ def test_controller_killed_in_retire_after_scale_to_zero_recovers(stack) -> None
     held = [threading.Thread(target=send, args=(f"a{i}",)) for i in range(len(pids))]
     for t in held:
         t.start()
-    wait_for(lambda: client.describe(VICTIM, old)["jobQueueStatus"]["pendingRequests"] == 0, 30, "a taken")
+    # pendingRequests is 0 before the a's reach the queue too: wait until each sits unread
+    # in its worker's socket.
+    wait_for(lambda: client.describe(VICTIM, old)["jobQueueStatus"]["pendingRequests"] == 0
+             and holding_unread(pids), 30, "a taken")
     held.append(threading.Thread(target=send, args=("b",)))
     held[-1].start()
     wait_for(lambda: client.describe(VICTIM, old)["jobQueueStatus"]["pendingRequests"] == 1, 30, "b queued")

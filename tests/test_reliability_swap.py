@@ -31,7 +31,7 @@ from packrat import slots
 from packrat.apply import versions
 from packrat.apply.swap import Swapper, pending_requests
 from packrat.types import Instance, Plan
-from reliability_support import copy_sleep_model, wait_for
+from reliability_support import copy_sleep_model, holding_unread, wait_for
 from serving_support import start_server
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
@@ -86,7 +86,8 @@ def test_batch_held_by_a_stopped_worker_is_answered_across_a_swap(served) -> Non
         held.start()
         # The frontend takes the job from the queue at once and writes it to the stopped
         # worker: the queue is empty and the worker's counters say idle.
-        wait_for(lambda: pending_requests(client.describe(MODEL)) == 0, 30, "the job to leave the queue")
+        wait_for(lambda: pending_requests(client.describe(MODEL)) == 0 and holding_unread([pid]), 30,
+                 "the job to leave the queue for the worker's socket")
         time.sleep(0.5)
         status = slots.read_worker_status(pid)
         assert status is not None and status["started"] == status["done"] and not status["busy"]
@@ -146,7 +147,10 @@ def test_retire_serves_jobs_left_in_the_queue_of_a_version_scaled_to_zero(served
     os.kill(pid, signal.SIGSTOP)
     threads = [threading.Thread(target=send, args=("a",))]
     threads[0].start()
-    wait_for(lambda: pending_requests(client.describe(MODEL, extra.version)) == 0, 30, "a taken by the worker")
+    # pendingRequests is 0 before a reaches the queue too: wait until it sits unread in the
+    # worker's socket, else b may be the one taken and a, still on its way, queue after it.
+    wait_for(lambda: pending_requests(client.describe(MODEL, extra.version)) == 0 and holding_unread([pid]),
+             30, "a taken by the worker")
     threads.append(threading.Thread(target=send, args=("b",)))
     threads[1].start()  # the only worker is busy with a: b waits in the queue
     wait_for(lambda: pending_requests(client.describe(MODEL, extra.version)) == 1, 30, "b queued")
