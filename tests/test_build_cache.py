@@ -10,6 +10,7 @@ which they report in their status files and the swap record carries.
 from __future__ import annotations
 
 import copy
+import hashlib
 import multiprocessing
 import os
 import shutil
@@ -112,32 +113,49 @@ def test_one_byte_of_a_weight_or_config_file_or_the_mode_changes_the_key(store: 
     config_path.write_text(original)
 
 
-def test_the_archive_digest_is_memoised_across_processes_until_a_file_changes(store: Path, monkeypatch) -> None:
-    """A new worker reuses the digest another process computed (no 440 MB re-hash), but
-    only while every file is as it was; a file changed within MEMO_SETTLE_S is hashed
-    and never memoised (its stamp could survive a second write in the same clock tick)."""
+def test_file_digests_are_memoised_across_processes_and_versions_until_a_file_changes(
+        store: Path, monkeypatch) -> None:
+    """A new worker reuses the file digests another process computed (no 440 MB re-hash),
+    also for a new version directory linking the same files (what every swap makes),
+    but only while each file is as it was; a file changed within MEMO_SETTLE_S is
+    hashed and never memoised (its stamp could survive a second write in the same tick)."""
     archive = str(store / "bert")
     time.sleep(build_cache.MEMO_SETTLE_S + 0.1)  # the archive was just built: let it settle
     first = build_cache.archive_digest(archive)
-    memo = build_cache._memo_path(os.path.realpath(archive))
-    assert memo is not None and memo.is_file()
+    weights = os.path.realpath(store / "bert" / WEIGHTS)
+    memo_dir = build_cache._memo_dir(os.path.realpath(archive))
+    assert memo_dir is not None
+    memo = memo_dir / (hashlib.sha256(weights.encode()).hexdigest()[:32] + ".json")
+    assert memo.is_file()
 
     def no_hashing(path):
-        raise AssertionError("hashed again although the memo was valid")
+        raise AssertionError(f"hashed {path} again although its memo was valid")
 
+    # A version directory as the controller writes it: links to the base's files and its
+    # own model_config.yaml with only per-version keys changed.
+    version = store / "bert.p1"
+    version.mkdir()
+    for entry in (store / "bert").iterdir():
+        if entry.name != "model_config.yaml":
+            os.symlink(Path("..") / "bert" / entry.name, version / entry.name)
+    config = yaml.safe_load((store / "bert" / "model_config.yaml").read_text())
+    config["batchSize"] = 7
+    (version / "model_config.yaml").write_text(yaml.safe_dump(config))
     _new_process()
     with monkeypatch.context() as mp:
-        mp.setattr(build_cache, "_config_bytes", no_hashing)  # read only when hashing
+        mp.setattr(build_cache, "_hash_file", no_hashing)
         assert build_cache.archive_digest(archive) == first
+        assert build_cache.archive_digest(str(version)) == first  # one build for every version
 
     _flip_byte(store / "bert" / WEIGHTS, 1000)
     _new_process()
     changed = build_cache.archive_digest(archive)
     assert changed != first
-    assert build_cache._read_memo(memo, build_cache._stamp(build_cache._files(Path(archive)))) is None  # racy
+    assert build_cache._read_memo(memo, weights, build_cache._stamp(weights)) is None  # changed, racy
     memo.unlink()
     _new_process()
     assert build_cache.archive_digest(archive) == changed  # the same digest without any memo
+    assert build_cache.archive_digest(str(version)) == changed
 
 
 def test_concurrent_builders_build_once(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ Keying (never a stale build): the key is a sha256 over the archive digest, the
 mode, the thread count, the versions of torch/openvino/onnxruntime, the CPU
 (model name and flags: a compiled graph is ISA-specific) and `extra` (what
 the caller builds, e.g. "onnx" or "guard"). The archive digest covers every
-file's relative name and content, symlinks followed (a Packrat version
-directory links its base's files). The one file read semantically is the
+file's relative name and content (its sha256, memoised per file), symlinks
+followed (a Packrat version directory links its base's files). The one file read semantically is the
 archive's model_config.yaml: the keys a swap writes per version (batchSize,
 maxBatchDelay, min/maxWorkers, packrat.plan_id/base/slots/plan) and the mode
 (keyed separately) are left out, so every version of one base in one mode
@@ -73,7 +73,7 @@ PER_VERSION_KEYS = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
 PER_VERSION_PACKRAT_KEYS = ("plan_id", "base", "slots", "plan", "precision", "runtime")
 LIBRARIES = ("torch", "openvino", "onnxruntime", "transformers", "intel-extension-for-pytorch")
 
-MEMO_SETTLE_S = 2.0  # archive_digest: a file changed this recently is hashed, never memoised
+MEMO_SETTLE_S = 2.0  # file_digest: a file changed this recently is hashed, never memoised
 _digests: dict[str, str] = {}  # realpath of a model dir -> digest, for the life of this process
 
 
@@ -121,80 +121,99 @@ def _files(root: Path) -> list[tuple[str, Path]]:
 def archive_digest(model_dir: str) -> str:
     """sha256 over the archive's files: relative names and contents (see the module doc).
 
-    Memoised per process, and across processes in the cache root (`digests/`): every
-    new worker used to hash its archive again (BERT-base's 440 MB: ~0.3 s of CPU per
-    worker start). The on-disk memo is used only while every file's name, size, inode,
-    mtime and ctime are what they were when it was hashed; a write to any file changes
-    its ctime (which no user call can set back), so a changed archive is hashed again
-    (and a stamp younger than MEMO_SETTLE_S is never memoised: see below).
+    Each file enters as its size and its own sha256 (file_digest), so the hash of
+    a weight file is memoised per file, not per archive directory: every swap
+    writes a new version directory whose symlinks lead to the same base files,
+    and a per-directory memo missed on every one (BERT-base's 440 MB: ~0.3 s of
+    CPU per new worker). model_config.yaml enters as its canonical bytes.
+    Memoised per process by directory.
     """
     real = os.path.realpath(model_dir)
     if real in _digests:
         return _digests[real]
-    files = _files(Path(real))
-    stamp = _stamp(files)
-    memo = _memo_path(real)
-    digest = _read_memo(memo, stamp)
-    if digest is None:
-        h = hashlib.sha256()
-        for rel, path in files:
-            h.update(rel.encode() + b"\0")
-            if rel == CONFIG:
-                data = _config_bytes(path)
-                h.update(len(data).to_bytes(8, "little") + data)
-                continue
-            h.update(path.stat().st_size.to_bytes(8, "little"))
-            with open(path, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    h.update(chunk)
-        digest = h.hexdigest()
-        # Racy stamps (git's word): file times have a clock tick's granularity, so a file
-        # written again within the tick of its last change could keep its stamp. A stamp
-        # is memoised only once every file's last change is MEMO_SETTLE_S old, and only
-        # if nothing changed while it was hashed.
-        settled = time.time_ns() - max((s[5] for s in stamp), default=0) > MEMO_SETTLE_S * 1e9
-        if settled and _stamp(files) == stamp:
-            _write_memo(memo, stamp, digest)
+    memo_dir = _memo_dir(real)
+    h = hashlib.sha256()
+    for rel, path in _files(Path(real)):
+        h.update(rel.encode() + b"\0")
+        if rel == CONFIG:
+            data = _config_bytes(path)
+            h.update(len(data).to_bytes(8, "little") + data)
+            continue
+        size, sha = file_digest(path, memo_dir)
+        h.update(size.to_bytes(8, "little") + sha)
+    digest = h.hexdigest()
     _digests[real] = digest
     return digest
 
 
-def _stamp(files: list[tuple[str, Path]]) -> list[list[Any]]:
-    out = []
-    for rel, path in files:
-        st = path.stat()
-        out.append([rel, st.st_size, st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns])
-    return out
+def file_digest(path: Path, memo_dir: Path | None) -> tuple[int, bytes]:
+    """(size, sha256) of one file, memoised across processes in `memo_dir`.
+
+    The memo is keyed by the file's real path and used only while its size,
+    inode, device, mtime and ctime are what they were when it was hashed: a
+    write changes the ctime, which no user call can set back. Racy stamps (git's
+    word): file times have a clock tick's granularity, so a file written again
+    within the tick of its last change could keep its stamp; a file is memoised
+    only once its last change is MEMO_SETTLE_S old and if it did not change
+    while it was hashed.
+    """
+    real = os.path.realpath(path)
+    stamp = _stamp(real)
+    memo = None if memo_dir is None else memo_dir / (hashlib.sha256(real.encode()).hexdigest()[:32] + ".json")
+    sha = _read_memo(memo, real, stamp)
+    if sha is None:
+        sha = _hash_file(real)
+        settled = time.time_ns() - max(stamp[3], stamp[4]) > MEMO_SETTLE_S * 1e9
+        if settled and _stamp(real) == stamp:
+            _write_memo(memo, real, stamp, sha)
+    return stamp[0], sha
 
 
-def _memo_path(real: str) -> Path | None:
+def _hash_file(path: str) -> bytes:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.digest()
+
+
+def _stamp(path: str) -> list[int]:
+    st = os.stat(path)
+    return [st.st_size, st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _memo_dir(real: str) -> Path | None:
     try:
-        return cache_root(real) / "digests" / (hashlib.sha256(real.encode()).hexdigest()[:32] + ".json")
+        return cache_root(real) / "digests"
     except OSError:
         return None
 
 
-def _read_memo(memo: Path | None, stamp: list[list[Any]]) -> str | None:
+def _read_memo(memo: Path | None, real: str, stamp: list[int]) -> bytes | None:
     if memo is None:
         return None
     try:
         data = json.loads(memo.read_text())
     except (OSError, ValueError):
         return None
-    ok = isinstance(data, dict) and data.get("stamp") == stamp and isinstance(data.get("digest"), str)
-    return data["digest"] if ok else None
+    ok = (isinstance(data, dict) and data.get("path") == real and data.get("stamp") == stamp
+          and isinstance(data.get("sha256"), str))
+    try:
+        return bytes.fromhex(data["sha256"]) if ok else None
+    except ValueError:
+        return None
 
 
-def _write_memo(memo: Path | None, stamp: list[list[Any]], digest: str) -> None:
+def _write_memo(memo: Path | None, real: str, stamp: list[int], sha: bytes) -> None:
     if memo is None:
         return
     try:
         memo.parent.mkdir(mode=0o700, exist_ok=True)
         tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"stamp": stamp, "digest": digest}))
+        tmp.write_text(json.dumps({"path": real, "stamp": stamp, "sha256": sha.hex()}))
         os.replace(tmp, memo)  # atomic: a reader sees the old memo or the new one
     except OSError as exc:
-        log.warning("build cache: could not memoise the archive digest (%s)", exc)
+        log.warning("build cache: could not memoise a file digest (%s)", exc)
 
 
 @functools.cache  # per process: a worker's libraries and CPU do not change under it
