@@ -150,3 +150,29 @@ def test_make_runner_warms_up_and_records_cost() -> None:
     runner = make_runner(module, (torch.zeros(2, 8),), {"packrat": {"precision": "int8"}})
     assert runner.mode == "int8-eager" and runner.build_s > 0 and runner.rss_mb > 0
     assert runner(torch.ones(3, 8)).shape == (3, 4)
+
+
+class _Shapes(torch.nn.Module):
+    """A linear layer that records the shape of every input it is called with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 4)
+        self.seen: list[tuple[int, ...]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(tuple(x.shape))
+        return self.linear(x)
+
+
+def test_eager_warms_up_on_a_small_input() -> None:
+    """Eager specialises nothing, so its warm-up is one small call (a full-size one cost a
+    BERT-base swap seconds): the example's first row, or what the task passes."""
+    example = (torch.zeros(4, 8),)
+    eager = _Shapes().eval()
+    make_runner(eager, example, {"packrat": {"precision": "fp32", "runtime": "eager"}})
+    assert eager.seen == [(1, 8)]
+    given = _Shapes().eval()
+    make_runner(given, example, {"packrat": {"precision": "fp32", "runtime": "eager"}},
+                warmup_inputs=(torch.zeros(2, 8),))
+    assert given.seen == [(2, 8)]

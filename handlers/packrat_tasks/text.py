@@ -90,9 +90,12 @@ class _TextTask(Task):
         self.max_text_chars = int(section.get("max_text_chars", TEXT_CHARS_PER_TOKEN * self.max_length))
         # Graph modes specialised to shapes get every batch padded to max_length.
         self.fixed_length = needs_fixed_shapes(config)
-        example = self._encode([[self.tokenizer.cls_token_id or 0] * 8] * 2, self.max_length)
-        # Builds the configured mode, warms it up and checks it against fp32 eager.
-        self.runner = build_runner(self, module, example, config, self.guard_kind)
+        row = [self.tokenizer.cls_token_id or 0] * 8
+        example = self._encode([row] * 2, self.max_length)
+        # Builds the configured mode, warms it up (eager: on one 8-token row) and checks it
+        # against fp32 eager.
+        self.runner = build_runner(self, module, example, config, self.guard_kind,
+                                   warmup_inputs=self._encode([row], len(row)))
 
     def parse(self, request: dict) -> list[int]:
         obj = parse_json_or_text(request, self.max_body_bytes, self.max_json_depth)
