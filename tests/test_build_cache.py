@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -227,6 +228,52 @@ def test_a_changed_archive_never_loads_a_stale_build(store: Path, mode: str) -> 
     reference = _scores(_load(store, "fp32-eager"))
     assert not torch.allclose(now, before, atol=1e-3)
     assert torch.allclose(now, reference, atol=1e-4), (now, reference)
+
+
+def _hold_lock(path: str, held, release) -> None:
+    from filelock import FileLock
+
+    with FileLock(path):
+        held.set()
+        release.wait(60)
+
+
+def test_a_written_openvino_blob_is_imported_without_waiting_for_the_compile_lock(store: Path) -> None:
+    """The compile lock keeps workers from reading a blob still being written; once the
+    blob is written a marker names it and later workers import it without the lock (with
+    it, a swap's new workers imported one after the other). Deleting the blob sends
+    workers back under the lock."""
+    pytest.importorskip("openvino")
+    first = _load(store, "fp32-openvino")
+    assert first.runner.info["build_cache"]["openvino_blob"] == "built"
+    (lock,) = store.glob(".packrat-build-cache/*/openvino-cache.lock")
+    ctx = multiprocessing.get_context("spawn")
+    held, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(str(lock), held, release))
+    holder.start()
+    try:
+        assert held.wait(30)
+        _new_process()
+        t0 = time.monotonic()
+        again = _load(store, "fp32-openvino")  # would block on the held lock without the marker
+        assert again.runner.info["build_cache"]["openvino_blob"] == "hit"
+        assert time.monotonic() - t0 < 30
+        assert torch.allclose(_scores(again), _scores(first), atol=1e-5)
+        cache = lock.with_suffix("")
+        for blob in cache.iterdir():
+            if not blob.name.startswith("."):
+                blob.unlink()
+        _new_process()
+        waited: list = []
+        loader = threading.Thread(target=lambda: waited.append(_load(store, "fp32-openvino")))
+        loader.start()
+        loader.join(3)
+        assert loader.is_alive()  # no blob: it waits for the lock before compiling
+    finally:
+        release.set()
+        holder.join(30)
+    loader.join(60)
+    assert waited and waited[0].runner.info["build_cache"]["openvino_blob"] == "built"
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ the Runner and logged.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import tempfile
@@ -596,15 +597,37 @@ def _compile_openvino_cached(core: Any, path: str, cache: Path, props: dict[str,
 
     Compiled from the path (not a read_model() object) so a cache hit never reads
     the ONNX file; under a file lock so workers starting together compile once
-    and never read a blob another one is still writing.
+    and never read a blob another one is still writing. Once a blob for these
+    properties is written, a marker names it, and while it exists later workers
+    import it without the lock (the lock made a swap's workers import one after
+    the other).
     """
+    import hashlib
+
     from filelock import FileLock
 
+    marker = cache / (".written-" + hashlib.sha256(
+        json.dumps(props, sort_keys=True, default=str).encode()).hexdigest()[:16])
+    core.set_property({"CACHE_DIR": str(cache)})
+    try:
+        blobs = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        blobs = None
+    if isinstance(blobs, list) and blobs and all((cache / str(b)).is_file() for b in blobs):
+        compiled = core.compile_model(path, "CPU", props)
+        runner.info.setdefault("build_cache", {})["openvino_blob"] = "hit"
+        return compiled
     with FileLock(str(cache) + ".lock"):
         before = set(os.listdir(cache)) if cache.is_dir() else set()
-        core.set_property({"CACHE_DIR": str(cache)})
         compiled = core.compile_model(path, "CPU", props)
         after = set(os.listdir(cache)) if cache.is_dir() else set()
+        # The blob just written; on a hit under the lock (a cache from before markers),
+        # every blob there: the fast path then needs all of them to exist.
+        written = sorted(f for f in (after - before or after) if not f.startswith("."))
+        if written:
+            tmp = marker.with_name(f"{marker.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(written))
+            os.replace(tmp, marker)
     os.chmod(cache, 0o700)
     runner.info.setdefault("build_cache", {})["openvino_blob"] = "built" if after - before else "hit"
     return compiled
