@@ -43,15 +43,15 @@ FAT = Plan(cores=2, batch=4, instances=(Instance(2, 4, 0.0),), predicted_latency
 
 
 def build(model: str, store: Path) -> None:
-    from packrat.archive import build_from_dir, build_named
+    from packrat.archive import build_from_dir, build_named, handler_is_current
     from packrat.archive.local_tokenizers import minilm_dir
 
-    if (store / model).exists():
+    if (store / model).exists() and handler_is_current(store / model):
         return
     if model == "minilm":
-        build_from_dir(minilm_dir(), store, "minilm")
+        build_from_dir(minilm_dir(), store, "minilm", force=True)
     else:
-        build_named(model, store)
+        build_named(model, store, force=True)
 
 
 def stats(samples: list) -> dict:

@@ -72,3 +72,18 @@ def test_gpt2_tokenizer_has_model_vocab_size_and_round_trips() -> None:
     assert len(tok) == 50257 and tok.eos_token_id == 50256
     text = "Packrat serves GPT-2 on CPUs, naïvely? No: carefully!"
     assert tok.decode(tok(text).input_ids) == text  # byte-level: lossless
+
+
+def test_handler_is_current_tells_a_stale_handler_copy(tmp_path: Path) -> None:
+    """Benchmarks reuse built archives only while they hold this checkout's handler."""
+    from packrat.archive import handler_is_current
+
+    archive = build_named("tiny-bert", tmp_path, "bert")
+    assert handler_is_current(archive)
+    runtime = archive / "packrat_tasks" / "runtime.py"
+    runtime.write_text(runtime.read_text() + "\n# an older copy\n")
+    assert not handler_is_current(archive)
+    build_named("tiny-bert", tmp_path, "bert", force=True)
+    assert handler_is_current(archive)
+    (archive / "packrat_tasks" / "extra.py").write_text("")
+    assert not handler_is_current(archive)

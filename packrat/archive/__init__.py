@@ -5,7 +5,9 @@ from packrat.archive.builder import (
     build_from_dir,
     build_named,
     build_noop,
+    handler_is_current,
     infer_task,
 )
 
-__all__ = ["ArchiveOptions", "build_from_dir", "build_named", "build_noop", "infer_task"]
+__all__ = ["ArchiveOptions", "build_from_dir", "build_named", "build_noop", "handler_is_current",
+           "infer_task"]

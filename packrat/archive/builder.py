@@ -129,6 +129,17 @@ def _copy_handler(dest: Path) -> None:
         shutil.copy2(src, dest / TASKS_PACKAGE / src.name)
 
 
+def handler_is_current(archive: Path) -> bool:
+    """True when `archive` holds exactly this checkout's handler sources. A benchmark that
+    reuses a built archive measures the handler it was built with: rebuild it otherwise."""
+    archive = Path(archive)
+    ours = [HANDLER_DIR / HANDLER_FILE, *sorted((HANDLER_DIR / TASKS_PACKAGE).glob("*.py"))]
+    theirs = [archive / HANDLER_FILE, *sorted((archive / TASKS_PACKAGE).glob("*.py"))]
+    if [p.name for p in ours] != [p.name for p in theirs]:
+        return False
+    return all(a.read_bytes() == b.read_bytes() for a, b in zip(ours, theirs))
+
+
 def _write(
     model_store: Path, name: str, task: str, packrat: dict[str, Any], options: ArchiveOptions,
     fill_model_dir, force: bool,
