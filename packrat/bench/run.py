@@ -220,7 +220,7 @@ def prepare_archive(spec: str, model_store: Path, *, workers: int, runtime: str)
     The base archive is what a user would register without tuning: `workers`
     workers (TorchServe's default count), batch 1, no Packrat plan.
     """
-    from packrat.archive import ArchiveOptions, build_named
+    from packrat.archive import ArchiveOptions, build_named, handler_is_current
 
     src = Path(spec)
     if src.is_dir():
@@ -231,10 +231,11 @@ def prepare_archive(spec: str, model_store: Path, *, workers: int, runtime: str)
         return name, dest
     name = spec
     dest = model_store / name
-    if dest.is_dir():
+    if dest.is_dir() and handler_is_current(dest):
         return name, dest  # built by an earlier (interrupted) run into the same out dir
     options = ArchiveOptions(workers=workers, batch_size=1, runtime=runtime)
-    return name, Path(build_named(spec, model_store, name, options))
+    # force: an earlier run's copy with another checkout's handler would measure old code
+    return name, Path(build_named(spec, model_store, name, options, force=True))
 
 
 _SAMPLE_SCRIPT = """
