@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
 
-from packrat.archive import ArchiveOptions, build_from_dir, build_named
+from packrat.archive import ArchiveOptions, build_from_dir, build_named, handler_is_current
 from packrat.archive.local_tokenizers import gpt2_tokenizer, minilm_dir
 from packrat.errors import ArchiveError
 from packrat.profile.identity import content_hash
@@ -76,8 +77,6 @@ def test_gpt2_tokenizer_has_model_vocab_size_and_round_trips() -> None:
 
 def test_handler_is_current_tells_a_stale_handler_copy(tmp_path: Path) -> None:
     """Benchmarks reuse built archives only while they hold this checkout's handler."""
-    from packrat.archive import handler_is_current
-
     archive = build_named("tiny-bert", tmp_path, "bert")
     assert handler_is_current(archive)
     runtime = archive / "packrat_tasks" / "runtime.py"
