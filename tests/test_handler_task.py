@@ -78,6 +78,7 @@ def test_one_step_resize_and_crop_matches_the_standard_two_step_transform(size) 
     left, top = (w - CROP) // 2, (h - CROP) // 2
     two_step = np.asarray(two_step.crop((left, top, left + CROP, top + CROP)), dtype=np.float32)
     levels = (to_pixels(img).transpose(1, 2, 0) * STD + MEAN) * 255.0 - two_step
-    assert to_pixels(img).shape == (3, CROP, CROP)
+    pixels = to_pixels(img)
+    assert pixels.shape == (3, CROP, CROP) and pixels.dtype == np.float32 and pixels.flags["C_CONTIGUOUS"]
     assert np.abs(levels).max() <= 1.01, np.abs(levels).max()  # one 8-bit level at most
     assert np.abs(levels).mean() < 0.3  # rounding: PIL's two passes round at other points

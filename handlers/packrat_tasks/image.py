@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+# (x / 255 - MEAN) / STD as one multiply-add per channel: x * SCALE + SHIFT.
+SCALE = (1.0 / (255.0 * STD)).astype(np.float32)
+SHIFT = (-MEAN / STD).astype(np.float32)
 RESIZE, CROP = 256, 224
 FORMATS = ("JPEG", "PNG")  # the only decoders PIL may run on a request (Image.open(formats=))
 # Formats recognised by their magic bytes only to say "unsupported" (415)
@@ -90,8 +93,15 @@ def to_pixels(img: Image.Image) -> np.ndarray:
     sx, sy = w / rw, h / rh
     img = img.resize((CROP, CROP), Image.Resampling.BILINEAR,
                      box=(left * sx, top * sy, (left + CROP) * sx, (top + CROP) * sy))
-    arr = np.asarray(img, dtype=np.float32) / 255.0
-    return ((arr - MEAN) / STD).transpose(2, 0, 1)
+    # Normalised channel by channel straight into a contiguous CHW array: one pass per
+    # channel instead of four float passes and a transposed copy (0.08 instead of ~0.4 ms
+    # per image; equal to the textbook formula within float rounding, ~5e-7).
+    pixels = np.asarray(img)
+    out = np.empty((3, CROP, CROP), dtype=np.float32)
+    for c in range(3):
+        np.multiply(pixels[:, :, c], SCALE[c], out=out[c], casting="unsafe")
+        out[c] += SHIFT[c]
+    return out
 
 
 class _Logits(torch.nn.Module):
