@@ -304,3 +304,48 @@ def _retune_on_request_reuses_valid_profiles(server, ctl: Ctl) -> None:
     first = out.stdout.splitlines()[0].split()
     assert first[:3] == [MODEL, after["version"], after["mode"]] and "applied" in out.stdout
     assert "fp32-torchscript" in out.stdout and "reused" in out.stdout
+
+
+@pytest.mark.parametrize("build_s, retried", [(30.0, True), (1.0, False)])
+def test_a_mode_whose_cold_build_took_its_share_is_measured_again_last(
+        tmp_path: Path, tiny_store: Path, monkeypatch, build_s: float, retried: bool) -> None:
+    """int8-static's calibration can take a mode's whole share of the budget on 2 cores
+    (BERT-base in `make run`): no point is measured, but the build is cached by then.
+    Such a mode gets one more turn after the others, from the same budget; a mode whose
+    build was quick but which still measured nothing is not retried. The profiler is a
+    stand-in here: how long a cold build takes cannot be forced on a real one."""
+    import packrat.tune.run as tune_run
+
+    calls: list[tuple[str, float]] = []
+
+    def fake_run_profile(archive, settings, progress=True, on_update=None, log_path=None, on_event=None):
+        section = archive.config["packrat"]
+        mode = f"{section.get('precision', 'fp32')}-{section.get('runtime', 'eager')}"
+        first = mode not in [m for m, _ in calls]
+        calls.append((mode, settings.budget_s))
+        if on_event is not None:
+            on_event({"event": "ready", "mode": {"build_s": build_s if first else 0.5, "guard": None}})
+        if mode == "fp32-torchscript" and first:
+            return Profile(archive.model_id, (), Fingerprint("cpu", 2, "glibc", "2.13.0", mode))
+        prof = _profile(mode, 4.0 if mode == "fp32-torchscript" else 10.0)
+        return replace(prof, model_id=archive.model_id)
+
+    monkeypatch.setattr(tune_run, "run_profile", fake_run_profile)
+    shutil.copytree(tiny_store / "tiny-bert", tmp_path / "base")
+    tracker = tune_run.Tracker(tmp_path / "state", "m")
+    settings = tune_run.TuneSettings(cores=2, batch=4, modes=("fp32-torchscript",), budget_s=60.0,
+                                     max_batch=4)
+    result = tune_run.tune_model(tmp_path / "base", "m", tmp_path / "state", settings, tracker)
+    modes = tracker.snapshot()["modes"]
+    order = [m for m, _ in calls]
+    if retried:
+        assert order == ["fp32-torchscript", "fp32-eager", "fp32-torchscript"]
+        assert modes["fp32-torchscript"]["state"] == "profiled"
+        # The retry comes out of the same budget: the eager turn shared what was left with it.
+        assert calls[1][1] <= 30.1
+        assert result.plan.mode == "fp32-torchscript"  # measured after all, and the faster
+    else:
+        assert order == ["fp32-torchscript", "fp32-eager"]
+        assert modes["fp32-torchscript"]["state"] == "failed"
+        assert calls[1][1] > 50  # the eager turn had what was left to itself
+        assert result.plan.mode == "fp32-eager"

@@ -15,7 +15,9 @@
                so nothing can plan from it or serve it. Then the points are
                timed within the mode's share of the budget ("profiling").
                The archive's own mode is measured last (it already serves and
-               is usually the slowest), so a short budget cuts it first.
+               is usually the slowest), so a short budget cuts it first. A mode
+               whose build took half its share or more and left no point is
+               measured once more at the end (retry_after_cold_build).
 3. choose      packrat.plan.plans_per_mode over the modes' profiles for batch
                B; the archive's own mode is listed first and wins ties.
 
@@ -201,6 +203,13 @@ def _refused_before(previous: dict[str, Any] | None, mode: str, model_id: str,
     return None
 
 
+def retry_after_cold_build(mode: str, retried: set[str], built_s: list[float], share: float) -> bool:
+    """A mode that measured no point is given one more turn (the tune's last, from the
+    same budget) when its worker got ready and building the mode took at least half of
+    its share: the build is in the build cache then, and the next load is quick."""
+    return mode not in retried and bool(built_s) and built_s[0] >= 0.5 * share
+
+
 def _is_refusal(message: str) -> bool:
     return any(k in message for k in ("AccuracyGuardError", "PrecisionError", "REFUSED"))
 
@@ -262,7 +271,11 @@ def tune_model(
     # The archive's own mode is measured last: it already serves, and it is usually the
     # slowest (its large batches cost the most), so a budget that runs short cuts it first.
     todo.sort(key=lambda m: m == caps.mode)
-    for k, mode in enumerate(todo):
+    retried: set[str] = set()
+    k = -1
+    while k + 1 < len(todo):
+        k += 1
+        mode = todo[k]
         label = f"mode {k + 1} of {len(todo)} to measure"
         remaining = left()
         share = remaining / (len(todo) - k)
@@ -276,11 +289,14 @@ def tune_model(
         tracker.set(stage="guarding", mode=mode, text=f"guarding {mode} ({label}): {what}, {left():.0f} s left")
         m_started = time.monotonic()
         guarded = threading.Event()
+        built_s: list[float] = []
 
-        def on_event(ev: dict[str, Any], mode: str = mode, label: str = label) -> None:
+        def on_event(ev: dict[str, Any], mode: str = mode, label: str = label,
+                     built_s: list[float] = built_s) -> None:
             if ev.get("event") == "ready" and not guarded.is_set():
                 guarded.set()
                 summary = ev.get("mode") or {}
+                built_s.append(float(summary.get("build_s") or 0.0))
                 tracker.mode(mode, state="profiling", guard=summary.get("guard"),
                              build_s=summary.get("build_s"))
                 tracker.set(stage="profiling", text=f"profiling {mode} ({label}), {left():.0f} s left")
@@ -308,6 +324,15 @@ def tune_model(
                          duration_s=round(time.monotonic() - m_started, 1))
             continue
         if not prof.points:
+            if retry_after_cold_build(mode, retried, built_s, share):
+                # Building the mode (int8-static calibration, say) took its share; the build
+                # is cached now, so a later turn loads it in seconds and measures.
+                retried.add(mode)
+                todo.append(mode)
+                tracker.mode(mode, state="pending", why=(
+                    f"building it took {built_s[0]:.0f} s of its {share:.0f} s share; measured again "
+                    "from the build cache after the other modes, within the same budget"))
+                continue
             tracker.mode(mode, state="failed", reason="no point measured within its budget",
                          duration_s=round(time.monotonic() - m_started, 1))
             continue
