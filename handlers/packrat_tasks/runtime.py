@@ -164,7 +164,7 @@ def make_runner(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...
     if name == "eager":
         # Eager specialises nothing: one small call does what its warm-up is for (thread
         # pool, allocator, lazy init). The full example cost a BERT-base swap 2 s under load;
-        # after a small call the first full batch is within 4-10 % of steady (measured).
+        # after a small call the first full batch took 5-11 % over steady (measured in process).
         warm = warmup_inputs or tuple(t[:1] for t in example_inputs)
     for _ in range(WARMUP_CALLS.get(name, 1)):
         runner.fn(*warm)
