@@ -200,7 +200,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "swaps.json")
     args = ap.parse_args()
 
-    from packrat.archive import build_named, handler_is_current
+    from packrat.archive import build_named
 
     store = REPO / "bench-out" / "swaps-store"
     store.mkdir(parents=True, exist_ok=True)
@@ -208,8 +208,7 @@ def main() -> int:
     for m in models:
         for p in store.glob(f"{m}.p*"):
             shutil.rmtree(p)
-        if not (store / m).exists() or not handler_is_current(store / m):
-            build_named(m, store, force=True)  # a stale handler copy would measure old code
+        build_named(m, store, reuse_current=True)  # a stale handler copy would measure old code
     result = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "command": "scripts/bench_swaps.py " + " ".join(sys.argv[1:]),
               "loadavg_before": os.getloadavg(), "clients": args.clients, "swaps": args.swaps,

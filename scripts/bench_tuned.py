@@ -78,7 +78,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers we started (finally)
 
-    from packrat.archive import ArchiveOptions, build_named, handler_is_current
+    from packrat.archive import ArchiveOptions, build_named
     from packrat.control import Controller, ControllerSettings
     from packrat.server import start_torchserve
 
@@ -96,8 +96,7 @@ def main() -> int:
     rows = []
 
     for model in [m for m in args.models.split(",") if m]:
-        if not (store / model).exists() or not handler_is_current(store / model):
-            build_named(model, store, model, ArchiveOptions(batch_size=1), force=True)
+        build_named(model, store, model, ArchiveOptions(batch_size=1), reuse_current=True)
         body, ctype = sample_request(store / model)
         server = start_torchserve(store, out / f"torchserve-{model}",
                                   extra_properties={"token_expiration_min": "480"})

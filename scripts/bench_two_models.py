@@ -61,7 +61,7 @@ def main() -> int:
 
     from packrat.apply.client import ManagementClient
     from packrat.apply.swap import Swapper
-    from packrat.archive import ArchiveOptions, build_named, handler_is_current
+    from packrat.archive import ArchiveOptions, build_named
     from packrat.cores import usable_cores
     from packrat.plan.share import Demand, divide_cores
     from packrat.server import start_torchserve
@@ -82,8 +82,7 @@ def main() -> int:
     print(f"# {info['cpu']}, {T} cores, {B} clients per model", file=sys.stderr)
 
     for m in models:
-        if not (store / m).exists() or not handler_is_current(store / m):
-            build_named(m, store, m, ArchiveOptions(batch_size=1), force=True)
+        build_named(m, store, m, ArchiveOptions(batch_size=1), reuse_current=True)
     server = start_torchserve(store, out / "torchserve", slot_dir=out / "slots",
                               extra_properties={"token_expiration_min": "480"})
     os.environ["PACKRAT_SLOT_DIR"] = str(server.slot_dir)  # the swapper reads the workers' status files

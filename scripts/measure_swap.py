@@ -43,15 +43,13 @@ FAT = Plan(cores=2, batch=4, instances=(Instance(2, 4, 0.0),), predicted_latency
 
 
 def build(model: str, store: Path) -> None:
-    from packrat.archive import build_from_dir, build_named, handler_is_current
+    from packrat.archive import build_from_dir, build_named
     from packrat.archive.local_tokenizers import minilm_dir
 
-    if (store / model).exists() and handler_is_current(store / model):
-        return
     if model == "minilm":
-        build_from_dir(minilm_dir(), store, "minilm", force=True)
+        build_from_dir(minilm_dir(), store, "minilm", reuse_current=True)
     else:
-        build_named(model, store, force=True)
+        build_named(model, store, reuse_current=True)
 
 
 def stats(samples: list) -> dict:

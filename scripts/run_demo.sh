@@ -19,20 +19,14 @@ DEMO_MODELS=(minilm bert-base gpt2 resnet50 noop)
 
 mkdir -p "$STORE" .packrat
 # An archive carries a copy of handlers/: one built by an older checkout would serve old
-# code, so it is rebuilt, unless this workdir's TorchServe is serving it right now.
-handler_current() {
-  .venv/bin/python -c 'import sys; from packrat.archive import handler_is_current; sys.exit(0 if handler_is_current(sys.argv[1]) else 1)' "$1"
-}
+# code, so it is rebuilt (--reuse-current), unless this workdir's TorchServe serves it now.
 ts_running=$(.venv/bin/python -c 'import sys; from pathlib import Path; from packrat.server import RunningServer; w = Path(sys.argv[1]); print(int((w / "server.json").exists() and RunningServer.attach(w).is_running()))' "$WORKDIR")
 for model in "${DEMO_MODELS[@]}"; do
-  if [ -d "$STORE/$model" ] && handler_current "$STORE/$model"; then
-    echo "archive $STORE/$model exists (delete it to rebuild)"
-  elif [ -d "$STORE/$model" ] && [ "$ts_running" = 1 ]; then
-    echo "archive $STORE/$model holds another checkout's handler; TorchServe is serving it, so it is kept (make stop, then make run rebuilds it)"
+  if [ -d "$STORE/$model" ] && [ "$ts_running" = 1 ]; then
+    echo "archive $STORE/$model kept: TorchServe is serving it (make stop, then make run rebuilds it if its handler is old)"
   else
-    [ -d "$STORE/$model" ] && echo "archive $STORE/$model holds another checkout's handler: rebuilding"
-    echo "building $STORE/$model ..."
-    "$PACKRAT" archive "$model" --model-store "$STORE" --force
+    echo "archive $STORE/$model (built unless it exists with this checkout's handler) ..."
+    "$PACKRAT" archive "$model" --model-store "$STORE" --reuse-current
   fi
 done
 

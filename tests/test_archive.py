@@ -86,3 +86,17 @@ def test_handler_is_current_tells_a_stale_handler_copy(tmp_path: Path) -> None:
     assert handler_is_current(archive)
     (archive / "packrat_tasks" / "extra.py").write_text("")
     assert not handler_is_current(archive)
+
+
+def test_reuse_current_keeps_a_current_archive_and_rebuilds_a_stale_one(tmp_path: Path) -> None:
+    archive = build_named("tiny-bert", tmp_path, "bert")
+    weights = archive / "model" / "model.safetensors"
+    before = weights.stat().st_ino
+    assert build_named("tiny-bert", tmp_path, "bert", reuse_current=True) == archive
+    assert weights.stat().st_ino == before  # kept, not rebuilt
+    runtime = archive / "packrat_tasks" / "runtime.py"
+    runtime.write_text(runtime.read_text() + "\n# an older copy\n")
+    build_named("tiny-bert", tmp_path, "bert", reuse_current=True)
+    assert handler_is_current(archive) and weights.stat().st_ino != before  # rebuilt
+    with pytest.raises(ArchiveError, match="already exists"):
+        build_named("tiny-bert", tmp_path, "bert")  # neither force nor reuse: refused as before

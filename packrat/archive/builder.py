@@ -142,12 +142,14 @@ def handler_is_current(archive: Path) -> bool:
 
 def _write(
     model_store: Path, name: str, task: str, packrat: dict[str, Any], options: ArchiveOptions,
-    fill_model_dir, force: bool,
+    fill_model_dir, force: bool, reuse_current: bool = False,
 ) -> Path:
     model_store = Path(model_store)
     model_store.mkdir(parents=True, exist_ok=True)
     final = model_store / name
-    if final.exists() and not force:
+    if final.exists() and reuse_current and handler_is_current(final):
+        return final
+    if final.exists() and not (force or reuse_current):
         raise ArchiveError(f"{final} already exists (use --force to rebuild)")
     tmp = model_store / f".{name}.building-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -174,13 +176,14 @@ def _write(
 
 def build_named(
     arch_name: str, model_store: Path, name: str | None = None,
-    options: ArchiveOptions = ArchiveOptions(), force: bool = False,
+    options: ArchiveOptions = ArchiveOptions(), force: bool = False, reuse_current: bool = False,
 ) -> Path:
-    """An archive of a named architecture with seeded random weights."""
+    """An archive of a named architecture with seeded random weights. `reuse_current`: keep
+    an existing archive that holds this checkout's handler, rebuild one that does not."""
     from packrat.archive.architectures import ARCHITECTURES, build_model
 
     if arch_name == "noop":
-        return build_noop(model_store, name or "noop", options, force)
+        return build_noop(model_store, name or "noop", options, force, reuse_current)
     if arch_name not in ARCHITECTURES:
         raise ArchiveError(
             f"unknown architecture {arch_name!r}; known: noop, minilm, {', '.join(ARCHITECTURES)}"
@@ -198,14 +201,15 @@ def build_named(
         if tokenizer is not None:
             tokenizer.save_pretrained(model_dir)
 
-    return _write(model_store, name, task, dict(arch.packrat, seed=options.seed), options, fill, force)
+    return _write(model_store, name, task, dict(arch.packrat, seed=options.seed), options, fill, force,
+                  reuse_current)
 
 
 def build_noop(model_store: Path, name: str = "noop", options: ArchiveOptions = ArchiveOptions(),
-               force: bool = False) -> Path:
+               force: bool = False, reuse_current: bool = False) -> Path:
     """The echo task: no model, measures TorchServe's own round trip."""
     _check(name, options, "noop")
-    return _write(model_store, name, "noop", {}, options, None, force)
+    return _write(model_store, name, "noop", {}, options, None, force, reuse_current)
 
 
 def infer_task(config: dict[str, Any]) -> str:
@@ -223,9 +227,10 @@ def infer_task(config: dict[str, Any]) -> str:
 
 def build_from_dir(
     src: Path, model_store: Path, name: str, options: ArchiveOptions = ArchiveOptions(),
-    force: bool = False,
+    force: bool = False, reuse_current: bool = False,
 ) -> Path:
-    """An archive of a local Hugging Face model directory with real weights."""
+    """An archive of a local Hugging Face model directory with real weights (`reuse_current`:
+    see build_named)."""
     src = Path(src)
     config_path = src / "config.json"
     if not config_path.is_file():
@@ -251,4 +256,4 @@ def build_from_dir(
             if f.is_file() and f.suffix in _HF_SUFFIXES and f.name not in _HF_SKIP:
                 shutil.copyfile(f, model_dir / f.name)
 
-    return _write(model_store, name, task, packrat, options, fill, force)
+    return _write(model_store, name, task, packrat, options, fill, force, reuse_current)

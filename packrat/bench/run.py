@@ -220,7 +220,7 @@ def prepare_archive(spec: str, model_store: Path, *, workers: int, runtime: str)
     The base archive is what a user would register without tuning: `workers`
     workers (TorchServe's default count), batch 1, no Packrat plan.
     """
-    from packrat.archive import ArchiveOptions, build_named, handler_is_current
+    from packrat.archive import ArchiveOptions, build_named
 
     src = Path(spec)
     if src.is_dir():
@@ -230,12 +230,10 @@ def prepare_archive(spec: str, model_store: Path, *, workers: int, runtime: str)
             shutil.copytree(src, dest, symlinks=True)
         return name, dest
     name = spec
-    dest = model_store / name
-    if dest.is_dir() and handler_is_current(dest):
-        return name, dest  # built by an earlier (interrupted) run into the same out dir
     options = ArchiveOptions(workers=workers, batch_size=1, runtime=runtime)
-    # force: an earlier run's copy with another checkout's handler would measure old code
-    return name, Path(build_named(spec, model_store, name, options, force=True))
+    # An earlier (interrupted) run's copy in the same out dir is kept if its handler is
+    # this checkout's; with another's it would measure old code, so it is rebuilt.
+    return name, Path(build_named(spec, model_store, name, options, reuse_current=True))
 
 
 _SAMPLE_SCRIPT = """

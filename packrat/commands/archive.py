@@ -35,6 +35,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Seed for random weights of named architectures"),
         workers: int = typer.Option(1, help="minWorkers = maxWorkers in model_config.yaml"),
         force: bool = typer.Option(False, "--force", help="Replace an existing archive"),
+        reuse_current: bool = typer.Option(
+            False, "--reuse-current",
+            help="Keep an existing archive that holds this checkout's handler; rebuild one that does not"),
     ) -> None:
         """Build a model archive (TorchServe no-archive directory) into the model store."""
         from packrat.archive import ArchiveOptions, build_from_dir, build_named
@@ -48,11 +51,12 @@ def register(app: typer.Typer) -> None:
         )
         try:
             if source == "minilm":
-                path = build_from_dir(minilm_dir(), model_store, name or "minilm", options, force)
+                path = build_from_dir(minilm_dir(), model_store, name or "minilm", options, force, reuse_current)
             elif Path(source).is_dir():
-                path = build_from_dir(Path(source), model_store, name or Path(source).name, options, force)
+                path = build_from_dir(Path(source), model_store, name or Path(source).name, options, force,
+                                      reuse_current)
             else:
-                path = build_named(source, model_store, name, options, force)
+                path = build_named(source, model_store, name, options, force, reuse_current)
         except PackratError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
