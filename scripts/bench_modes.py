@@ -84,12 +84,15 @@ class Results:
         log(json.dumps({k: v for k, v in row.items() if k not in ("guard", "build")}))
 
 
-def time_calls(fn, budget_s: float, min_reps: int = 2, max_reps: int = 20) -> dict:
-    """One warm-up call, then repeats until budget_s or max_reps (at least min_reps)."""
+def time_calls(fn, budget_s: float, min_reps: int = 2, max_reps: int = 20, gap_s: float = 0.0) -> dict:
+    """One warm-up call, then repeats until budget_s or max_reps (at least min_reps), each
+    timed call after `gap_s` seconds idle (0: back to back)."""
     fn()
     times = []
     start = time.perf_counter()
     while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < budget_s):
+        if gap_s:
+            time.sleep(gap_s)
         t = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t) * 1000)

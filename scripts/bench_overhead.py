@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -47,7 +46,8 @@ def in_process(model: str, mode: str, batch: int, seconds: float, results: Resul
     if batch == 1:
         results.add(run=run, kind="in-process", model=model, mode=mode, batch=batch, path=GAPPED, when=when,
                     threads=task.runner.threads,
-                    **time_after_gaps(lambda: task.forward(prepared), seconds, GAP_S))
+                    **time_calls(lambda: task.forward(prepared), seconds, min_reps=20, max_reps=10**9,
+                                 gap_s=GAP_S))
     return requests[0]["body"]  # the task goes with this frame (the caller collects)
 
 
@@ -56,19 +56,6 @@ def in_process(model: str, mode: str, batch: int, seconds: float, results: Resul
 # and its caches warm. This path times the forward after such a gap.
 GAP_S = 0.005
 GAPPED = "forward after a 5 ms idle gap"
-
-
-def time_after_gaps(fn, budget_s: float, gap_s: float, min_reps: int = 20) -> dict:
-    """One warm-up call, then sleep `gap_s` before each timed call."""
-    fn()
-    times = []
-    start = time.perf_counter()
-    while len(times) < min_reps or time.perf_counter() - start < budget_s:
-        time.sleep(gap_s)
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1000)
-    return {"p50_ms": round(statistics.median(times), 3), "min_ms": round(min(times), 3), "reps": len(times)}
 
 
 def main() -> int:

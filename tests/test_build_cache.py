@@ -10,7 +10,6 @@ which they report in their status files and the swap record carries.
 from __future__ import annotations
 
 import copy
-import hashlib
 import multiprocessing
 import os
 import shutil
@@ -126,7 +125,7 @@ def test_file_digests_are_memoised_across_processes_and_versions_until_a_file_ch
     weights = os.path.realpath(store / "bert" / WEIGHTS)
     memo_dir = build_cache._memo_dir(os.path.realpath(archive))
     assert memo_dir is not None
-    memo = memo_dir / (hashlib.sha256(weights.encode()).hexdigest()[:32] + ".json")
+    memo = build_cache.memo_file(memo_dir, weights)
     assert memo.is_file()
 
     def no_hashing(path):

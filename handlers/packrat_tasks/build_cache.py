@@ -159,7 +159,7 @@ def file_digest(path: Path, memo_dir: Path | None) -> tuple[int, bytes]:
     """
     real = os.path.realpath(path)
     stamp = _stamp(real)
-    memo = None if memo_dir is None else memo_dir / (hashlib.sha256(real.encode()).hexdigest()[:32] + ".json")
+    memo = None if memo_dir is None else memo_file(memo_dir, real)
     sha = _read_memo(memo, real, stamp)
     if sha is None:
         sha = _hash_file(real)
@@ -167,6 +167,11 @@ def file_digest(path: Path, memo_dir: Path | None) -> tuple[int, bytes]:
         if settled and _stamp(real) == stamp:
             _write_memo(memo, real, stamp, sha)
     return stamp[0], sha
+
+
+def memo_file(memo_dir: Path, real: str) -> Path:
+    """Where file_digest memoises the file at real path `real`."""
+    return memo_dir / (hashlib.sha256(real.encode()).hexdigest()[:32] + ".json")
 
 
 def _hash_file(path: str) -> bytes:

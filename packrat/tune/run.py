@@ -203,11 +203,11 @@ def _refused_before(previous: dict[str, Any] | None, mode: str, model_id: str,
     return None
 
 
-def retry_after_cold_build(mode: str, retried: set[str], built_s: list[float], share: float) -> bool:
-    """A mode that measured no point is given one more turn (the tune's last, from the
-    same budget) when its worker got ready and building the mode took at least half of
-    its share: the build is in the build cache then, and the next load is quick."""
-    return mode not in retried and bool(built_s) and built_s[0] >= 0.5 * share
+def retry_after_cold_build(first_turn: bool, built_s: list[float], share: float) -> bool:
+    """A mode that measured no point on its first turn is given one more (the tune's last,
+    from the same budget) when its worker got ready and building the mode took at least
+    half of its share: the build is in the build cache then, and the next load is quick."""
+    return first_turn and bool(built_s) and built_s[0] >= 0.5 * share
 
 
 def _is_refusal(message: str) -> bool:
@@ -271,11 +271,7 @@ def tune_model(
     # The archive's own mode is measured last: it already serves, and it is usually the
     # slowest (its large batches cost the most), so a budget that runs short cuts it first.
     todo.sort(key=lambda m: m == caps.mode)
-    retried: set[str] = set()
-    k = -1
-    while k + 1 < len(todo):
-        k += 1
-        mode = todo[k]
+    for k, mode in enumerate(todo):  # a retried mode is appended: the loop reaches it
         label = f"mode {k + 1} of {len(todo)} to measure"
         remaining = left()
         share = remaining / (len(todo) - k)
@@ -324,10 +320,9 @@ def tune_model(
                          duration_s=round(time.monotonic() - m_started, 1))
             continue
         if not prof.points:
-            if retry_after_cold_build(mode, retried, built_s, share):
+            if retry_after_cold_build(mode not in todo[:k], built_s, share):
                 # Building the mode (int8-static calibration, say) took its share; the build
                 # is cached now, so a later turn loads it in seconds and measures.
-                retried.add(mode)
                 todo.append(mode)
                 tracker.mode(mode, state="pending", why=(
                     f"building it took {built_s[0]:.0f} s of its {share:.0f} s share; measured again "
