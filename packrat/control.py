@@ -776,20 +776,18 @@ class Controller:
         loaded the base model, or nothing) or someone unregistered it: the plan
         the controller last made live is made live again.
         """
-        # Under the swap lock: a swap changes versions on purpose, and one that ends
-        # between reading last-plans.json and acting on it must not be undone.
+        # Looked for without the swap lock: holding it for every tick's describe calls
+        # would refuse an apply arriving meanwhile (BusyError) for no swap at all.
+        if not any(self._lost(model, entry) for model, entry in self._last_plans().items() if model in models):
+            return []
+        # Acted on under the swap lock, checked again: a swap changes versions on purpose,
+        # and one that ends between reading last-plans.json and acting must not be undone.
         if not self._swap_lock.acquire(blocking=False):
             return []
         handed_over = False
         try:
             for model, entry in self._last_plans().items():
-                if model not in models:
-                    continue  # TorchServe runs without this model: there is nothing to swap
-                try:
-                    loaded = {d["modelVersion"] for d in self.client.describe_all(model)}
-                except TorchServeError:
-                    continue
-                if entry.get("version") in loaded or self.clock() < self._reapply_after.get(model, 0.0):
+                if model not in models or not self._lost(model, entry):
                     continue
                 self._reapply_after[model] = self.clock() + self.settings.reapply_backoff_s
                 self.metrics.lost_versions.labels(model).inc()
@@ -806,6 +804,16 @@ class Controller:
         finally:
             if not handed_over:
                 self._swap_lock.release()
+
+    def _lost(self, model: str, entry: dict[str, Any]) -> bool:
+        """The version of `model`'s last swap is not loaded, and its re-apply is not backing off."""
+        if self.clock() < self._reapply_after.get(model, 0.0):
+            return False
+        try:
+            loaded = {d["modelVersion"] for d in self.client.describe_all(model)}
+        except TorchServeError:
+            return False
+        return entry.get("version") not in loaded
 
     def metrics_text(self) -> bytes:
         """The controller's series and the re-plan loop's, in Prometheus text format."""

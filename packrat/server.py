@@ -40,6 +40,7 @@ from pathlib import Path
 
 import requests
 
+from packrat import forkserver
 from packrat.apply.keys import KEY_FILE_NAME, Keys, read_keys
 from packrat.errors import ServerError, TorchServeError
 
@@ -329,7 +330,9 @@ def _log_tail(workdir: Path, lines: int) -> str:
     return "\n".join(parts) or f"(no logs in {workdir})"
 
 
-def _torchserve_command() -> list[str]:
+def _torchserve_command(env: dict[str, str]) -> list[str]:
+    if forkserver.enabled(env):  # workers forked warm (packrat/forkserver), else TorchServe's own start
+        return [sys.executable, "-m", "packrat.forkserver.launch", "--"]
     script = Path(sys.executable).parent / "torchserve"
     # TorchServe starts its workers with the launcher's sys.executable: this venv,
     # where `packrat` and the handler's dependencies are installed.
@@ -381,7 +384,7 @@ def start_torchserve(
     child_env["TEMP"] = str(tmp)  # -> -Djava.io.tmpdir: worker unix sockets
     child_env.pop("TS_CONFIG_FILE", None)  # would override --ts-config
 
-    cmd = _torchserve_command() + [
+    cmd = _torchserve_command(child_env) + [
         "--start",
         "--foreground",
         "--ncs",

@@ -80,7 +80,9 @@ def pin_threads(cores: Iterable[int], threads: int) -> None:
     scipy are imported and every pool they start is born on these cores at
     this size. sched_setaffinity(0) only moves the calling thread, so threads
     that already exist (TorchServe's, or a pool torch started early) are moved
-    one by one; threads started later inherit the affinity.
+    one by one; threads started later inherit the affinity. A worker forked by
+    packrat.forkserver has torch imported but no pool started (the fork server
+    runs no torch op), so the same holds there.
     """
     core_set = set(cores)
     os.sched_setaffinity(0, core_set)

@@ -23,6 +23,8 @@ a request overlapping a warm swap's [start, end] counts as "during swaps", one
 wholly outside every swap (and 3 s after the mode went live) as "steady".
 Every answer is checked (label or top class the same as before the swaps).
 
+Workers start through the fork server (packrat/forkserver) unless PACKRAT_FORKSERVER=0.
+
 Writes docs/benchmarks/swaps.json (or --out): machine, command, load average
 before and after, per (model, mode) the swap records and the summaries; prints a
 markdown table (pasted into docs/live-plans.md).
@@ -43,6 +45,7 @@ from pathlib import Path
 
 import requests
 
+from packrat import forkserver
 from packrat.apply.swap import SwapSettings, Swapper
 from packrat.bench.loadcheck import ContinuousLoad, in_windows, percentile
 from packrat.server import start_torchserve
@@ -212,7 +215,7 @@ def main() -> int:
     result = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "command": "scripts/bench_swaps.py " + " ".join(sys.argv[1:]),
               "loadavg_before": os.getloadavg(), "clients": args.clients, "swaps": args.swaps,
-              "steady_s": args.steady, "runs": []}
+              "steady_s": args.steady, "forkserver": forkserver.enabled(), "runs": []}
     server = start_torchserve(store, REPO / "bench-out" / "swaps-ts", slot_dir=REPO / "bench-out" / "swaps-slots")
     os.environ["PACKRAT_SLOT_DIR"] = str(server.slot_dir)  # the Swapper reads the workers' status files
     try:
@@ -236,7 +239,8 @@ def main() -> int:
     mach = result["machine"]
     print(f"\n{mach.get('cpu')} ({', '.join(mach.get('flags', []))}), {mach['cpus']} CPUs, {result['when']}, "
           f"load average before {tuple(round(x, 2) for x in result['loadavg_before'])}, "
-          f"after {tuple(round(x, 2) for x in result['loadavg_after'])}\n")
+          f"after {tuple(round(x, 2) for x in result['loadavg_after'])}, workers "
+          f"{'forked by the fork server' if result['forkserver'] else 'started cold (PACKRAT_FORKSERVER=0)'}\n")
     print("| model | mode | warm live p50 / max s | warm total p50 / max s | cold live s (1st, 2nd) "
           "| steady p99 ms | during-swap p99 ms | ratio | live p50 <= 5 s | live max <= 8 s | p99 <= 1.5x |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -247,6 +247,33 @@ def test_tick_survives_any_exception(stack, tmp_path: Path) -> None:
     assert float(line.split()[-1]) >= 6
 
 
+def test_the_restart_watch_leaves_the_swap_lock_alone_while_nothing_is_lost(stack, tmp_path: Path) -> None:
+    # It ran every tick under the swap lock, describe calls included, so an apply that
+    # arrived meanwhile got 409 "a swap is already running" with no swap running.
+    box, _, store, _ = stack
+    server = box["server"]
+    c = Controller(ControllerSettings(management_url=server.management_url, key_file=server.key_file,
+                                      model_store=store, state_dir=tmp_path / "state", cores=(0, 1)))
+    live = c.client.describe(VICTIM)["modelVersion"]
+    (tmp_path / "state" / "last-plans.json").write_text(json.dumps(
+        {VICTIM: {"version": live, "url": f"{VICTIM}.{live}", "plan": {"instances": TWO}}}))
+
+    class CountingLock:
+        def __init__(self) -> None:
+            self.lock, self.taken = threading.Lock(), 0
+
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            self.taken += 1
+            return self.lock.acquire(blocking, timeout)
+
+        def release(self) -> None:
+            self.lock.release()
+
+    c._swap_lock = CountingLock()  # type: ignore[assignment]
+    assert c.watch([VICTIM]) == []
+    assert c._swap_lock.taken == 0
+
+
 def test_status_shows_the_running_swap_and_a_second_apply_gets_409(stack) -> None:
     _, ctl, store, bystander = stack
     first: dict = {}

@@ -71,11 +71,12 @@ if [ -n "${PACKRAT_MODELS:-}" ]; then
   read -r -a names <<<"$PACKRAT_MODELS"
   models=(--models "${names[@]}")
 fi
-# Its own process group (setsid): the launcher, the Java frontend and the
-# Python workers are stopped together, as packrat/server.py does.
+# Its own process group (setsid): the launcher, the fork server, the Java frontend
+# and the Python workers are stopped together, as packrat/server.py does.
+# packrat-torchserve is `torchserve` with workers forked warm (docs/live-plans.md).
 (
   cd "$TS_WORKDIR"  # logs/ land here
-  exec setsid torchserve --start --foreground --ncs --ts-config "$TS_CONFIG" \
+  exec setsid packrat-torchserve --start --foreground --ncs --ts-config "$TS_CONFIG" \
     --model-store "$MODEL_STORE" "${models[@]}"
 ) &
 ts_pid=$!

@@ -1,0 +1,299 @@
+"""The fork server: import the heavy libraries once, fork a worker per request.
+
+Run as `python -m packrat.forkserver.server --socket PATH --parent PID` (packrat.server
+does it beside TorchServe). One process, one thread, one select loop: forking a process
+with other threads could copy a lock some thread held. The socket is bound before the
+imports, so a worker that starts meanwhile waits in the backlog instead of falling back
+to a cold start. Requests come from shim.py; see its header for the protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import importlib
+import json
+import os
+import runpy
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass
+
+# What an eager worker spends its start on (imports measured on the 2-core EPYC:
+# torch ~1.3 s, transformers ~0.7 s, the model families' code ~2.4 s of CPU).
+# Only third-party code: the handler and packrat_tasks come from each archive, and a
+# copy imported here would shadow the archive's own.
+PRELOAD = (
+    "numpy",
+    "torch",
+    "transformers",
+    "transformers.models.bert.modeling_bert",
+    "transformers.models.distilbert.modeling_distilbert",
+    "transformers.models.gpt2.modeling_gpt2",
+    "transformers.models.resnet.modeling_resnet",
+    "safetensors.torch",
+    "ts.model_loader",
+    "ts.protocol.otf_message_handler",
+)
+# Read by the dynamic loader or the interpreter when a process starts: a request whose
+# value differs from ours cannot be served by a fork (the shim then execs Python).
+STARTUP_ONLY_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONMALLOC")
+_PR_SET_PDEATHSIG = 1
+_REQUEST_TIMEOUT_S = 10.0
+
+
+@dataclass
+class WorkerRequest:
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    fds: list[int]
+
+
+def decline_reason(argv: list[str], env: dict[str, str]) -> str | None:
+    """Why a fork cannot stand in for `python <argv>` in `env`; None if it can."""
+    if not argv or not argv[0].endswith(".py") or not os.path.isfile(argv[0]):
+        return "not a script file"
+    for var in STARTUP_ONLY_ENV:
+        if env.get(var) != os.environ.get(var):
+            return f"{var} differs from the fork server's"
+    return None
+
+
+def _read_request(conn: socket.socket) -> WorkerRequest:
+    conn.settimeout(_REQUEST_TIMEOUT_S)
+    header, fds, _flags, _addr = socket.recv_fds(conn, 4, 3)
+    try:
+        if len(header) != 4 or len(fds) != 3:
+            raise ValueError("malformed request header")
+        (length,) = struct.unpack("!I", header)
+        body = b""
+        while len(body) < length:
+            chunk = conn.recv(length - len(body))
+            if not chunk:
+                raise ValueError("request cut short")
+            body += chunk
+        data = json.loads(body)
+        return WorkerRequest(list(data["argv"]), str(data["cwd"]), dict(data["env"]), fds)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    try:
+        conn.sendall(json.dumps(message).encode() + b"\n")
+    except OSError:
+        pass  # the shim is gone; its child is killed when the connection reads EOF
+
+
+def serve(socket_path: str, parent_pid: int, preload: tuple[str, ...]) -> WorkerRequest:
+    """Serve until the parent exits (then exit); return only in a forked child, its request.
+
+    Returning unwinds this loop in the child, which closes the listener, the selector
+    and the other connections there; the parent's stay open.
+    """
+    me = os.getpid()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    children: dict[socket.socket, int] = {}  # shim connection -> child pid
+    by_pid: dict[int, socket.socket] = {}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener, \
+            selectors.DefaultSelector() as selector:
+        listener.bind(socket_path)
+        os.chmod(socket_path, 0o600)
+        listener.listen(64)
+        _preload(preload)
+        selector.register(listener, selectors.EVENT_READ)
+        selector.register(wake_r, selectors.EVENT_READ)
+        try:
+            while os.getppid() == parent_pid:
+                for key, _ in selector.select(timeout=1.0):
+                    if key.fileobj is listener:
+                        request = _accept(listener, selector, children, by_pid, me)
+                        if request is not None:  # in the child
+                            signal.set_wakeup_fd(-1)
+                            os.close(wake_r)
+                            os.close(wake_w)
+                            return request
+                    elif key.fileobj == wake_r:
+                        _drain(wake_r)
+                        _reap(selector, children, by_pid)
+                    else:
+                        _from_shim(key.fileobj, selector, children, by_pid)
+        finally:
+            if os.getpid() == me:
+                for pid in by_pid:
+                    _kill(pid, signal.SIGKILL)
+                os.unlink(socket_path)
+    sys.exit(0)
+
+
+def _preload(names: tuple[str, ...]) -> None:
+    # numpy's OpenBLAS starts its pool at import; a worker sizes torch's pools itself
+    # after pinning, and numpy does no BLAS work on the serving path.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    started = time.process_time()
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a missing optional library: its workers import it themselves
+            print(f"packrat fork server: not preloaded {name}: {exc}", file=sys.stderr, flush=True)
+    gc.freeze()  # keep the preloaded objects out of the children's collections: pages stay shared
+    print(f"packrat fork server: ready, preloaded {len(names)} modules in "
+          f"{time.process_time() - started:.1f} s CPU", file=sys.stderr, flush=True)
+
+
+def _accept(listener, selector, children, by_pid, me: int) -> WorkerRequest | None:
+    conn, _ = listener.accept()
+    try:
+        if _peer_uid(conn) != os.getuid():
+            raise PermissionError("another user's process")
+        request = _read_request(conn)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"packrat fork server: request refused: {exc}", file=sys.stderr, flush=True)
+        conn.close()
+        return None
+    reason = decline_reason(request.argv, request.env)
+    if reason is not None:
+        _send(conn, {"exec": reason})
+        for fd in request.fds:
+            os.close(fd)
+        conn.close()
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        for other in (conn, *children):  # the other workers' connections are not this one's
+            other.close()
+        _die_with(me)
+        return request
+    for fd in request.fds:
+        os.close(fd)
+    conn.settimeout(None)
+    children[conn] = pid
+    by_pid[pid] = conn
+    selector.register(conn, selectors.EVENT_READ)
+    _send(conn, {"pid": pid})
+    return None
+
+
+def _die_with(parent: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _reap(selector, children, by_pid) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = by_pid.pop(pid, None)
+        if conn is None:
+            continue
+        if os.WIFSIGNALED(status):
+            _send(conn, {"signal": os.WTERMSIG(status)})
+        else:
+            _send(conn, {"exit": os.waitstatus_to_exitcode(status)})
+        _close(conn, selector, children)
+
+
+def _from_shim(conn, selector, children, by_pid) -> None:
+    pid = children[conn]
+    try:
+        data = conn.recv(4096)
+    except OSError:
+        data = b""
+    if not data:  # TorchServe killed the shim (scale-down, restart): the child goes too
+        _kill(pid, signal.SIGKILL)
+        by_pid.pop(pid, None)
+        _close(conn, selector, children)
+        return
+    for line in data.splitlines():
+        try:
+            _kill(pid, int(json.loads(line)["signal"]))
+        except (ValueError, KeyError, TypeError):
+            pass
+
+
+def _close(conn, selector, children) -> None:
+    selector.unregister(conn)
+    children.pop(conn, None)
+    conn.close()
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def become_worker(request: WorkerRequest, base_path: list[str]) -> None:
+    """In the forked child: take the request's stdio, directory, environment, argv; run it.
+
+    `base_path` is the interpreter's own sys.path (without the fork server's start directory).
+    """
+    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for target, fd in enumerate(request.fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request.cwd)
+    os.environ.clear()
+    os.environ.update(request.env)
+    script = os.path.abspath(request.argv[0])
+    # What a fresh `python script` would have: the script's directory, PYTHONPATH, then
+    # the interpreter's own path.
+    extra = [p for p in request.env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.path.dirname(script), *extra, *[p for p in base_path if p not in extra]]
+    sys.argv = list(request.argv)
+    if "numpy" in sys.modules:  # a fresh process draws its own seed; a fork inherits ours
+        sys.modules["numpy"].random.seed()
+    runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--parent", type=int, required=True, help="exit when this process exits")
+    parser.add_argument("--preload", default=",".join(PRELOAD),
+                        help="comma-separated modules to import before forking")
+    args = parser.parse_args(argv)
+    preload = tuple(m for m in args.preload.split(",") if m)
+    # `-m` put our start directory first; a worker gets its script's directory there instead.
+    base_path = sys.path[1:] if sys.path and sys.path[0] in ("", os.getcwd()) else list(sys.path)
+    become_worker(serve(args.socket, args.parent, preload), base_path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""Workers forked from a warm interpreter (packrat/forkserver): the shim and the fork
+server as processes, then through a real TorchServe."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from PIL import Image
+
+from packrat.errors import TorchServeError
+from packrat.forkserver import write_shim
+from packrat.server import DEFAULT_CONFIG, Ports, RunningServer, render_properties
+from serving_support import ensure_registered, start_server
+
+# Prints what a fresh `python worker.py` would see, then behaves as its argv asks.
+WORKER = """\
+import json, os, sys, time
+print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, "cwd": os.getcwd(),
+                  "flavour": os.environ.get("FLAVOUR"), "path": sys.path[:2]}), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+if sys.argv[1] == "sleep":
+    time.sleep(120)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _parent_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no PPid for {pid}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def _healthy(server: RunningServer) -> bool:
+    try:  # 0.12's /ping wants the inference token too
+        return requests.get(f"{server.inference_url}/ping", headers=server.inference_headers(),
+                            timeout=5).status_code == 200
+    except (requests.ConnectionError, TorchServeError):
+        return False
+
+
+def _kill_groups_of(marker: str) -> None:
+    """SIGKILL the process group of every process whose command line holds `marker`."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                os.killpg(os.getpgid(int(entry.name)), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
+@pytest.fixture
+def fork_server(tmp_path: Path):
+    """A fork server (preloading only json: the protocol, not torch) and its shim."""
+    socket_path = tmp_path / "sock"
+    proc = subprocess.Popen([sys.executable, "-m", "packrat.forkserver.server", "--socket", str(socket_path),
+                             "--parent", str(os.getpid()), "--preload", "json"], stderr=subprocess.PIPE)
+    shim = tmp_path / "python"
+    assert write_shim(shim, sys.executable, str(socket_path))
+    deadline = time.monotonic() + 30
+    while not socket_path.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "fork server did not start"
+        time.sleep(0.05)
+    (tmp_path / "worker.py").write_text(WORKER)
+    try:
+        yield proc, shim, tmp_path / "worker.py"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _start(shim: Path, script: Path, *args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([str(shim), str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kwargs)
+
+
+def test_a_forked_worker_gets_the_callers_argv_env_cwd_stdio_and_exit_code(fork_server, tmp_path) -> None:
+    server, shim, script = fork_server
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    env = {**os.environ, "FLAVOUR": "vanilla", "PYTHONPATH": "/nonexistent/extra"}
+    run = _start(shim, script, "3", cwd=workdir, env=env)
+    out, err = run.communicate(timeout=60)
+    seen = json.loads(out)
+    assert run.returncode == 3
+    assert seen["ppid"] == server.pid  # forked by the fork server, not exec'd by the shim
+    assert seen["pid"] != run.pid
+    assert seen["argv"] == [str(script), "3"]
+    assert seen["cwd"] == str(workdir)
+    assert seen["flavour"] == "vanilla"
+    assert seen["path"] == [str(script.parent), "/nonexistent/extra"]
+    assert "to stderr" in err
+
+
+def test_killing_the_shim_kills_its_worker_and_a_signal_comes_back_as_the_status(fork_server) -> None:
+    server, shim, script = fork_server
+    killed = _start(shim, script, "sleep")
+    worker = json.loads(killed.stdout.readline())["pid"]
+    killed.kill()  # what TorchServe does to a worker it scales down
+    killed.wait(timeout=10)
+    assert _wait_gone(worker)
+
+    termed = _start(shim, script, "sleep")
+    worker = json.loads(termed.stdout.readline())["pid"]
+    termed.terminate()  # forwarded: the worker dies of SIGTERM, and so does the shim
+    assert termed.wait(timeout=10) == -signal.SIGTERM
+    assert _wait_gone(worker)
+    assert server.poll() is None
+
+
+def test_the_shim_runs_python_itself_when_the_fork_server_is_gone_or_declines(fork_server) -> None:
+    server, shim, script = fork_server
+    # PYTHONHASHSEED is read when an interpreter starts: a fork cannot honour another one.
+    declined = _start(shim, script, "0", env={**os.environ, "PYTHONHASHSEED": "7"})
+    out, _ = declined.communicate(timeout=60)
+    assert declined.returncode == 0
+    assert json.loads(out)["pid"] == declined.pid  # exec'd in place
+
+    waiting = _start(shim, script, "sleep")
+    worker = json.loads(waiting.stdout.readline())["pid"]
+    server.kill()  # its workers die with it; the shim reports a failed worker
+    assert waiting.wait(timeout=10) != 0
+    assert _wait_gone(worker)
+    cold = _start(shim, script, "5")
+    out, _ = cold.communicate(timeout=60)
+    assert cold.returncode == 5
+    assert json.loads(out)["pid"] == cold.pid
+
+
+@pytest.mark.torchserve
+def test_torchserve_workers_are_forked_and_scaled_down_with_their_shims(torchserve) -> None:
+    ensure_registered(torchserve, "tiny-resnet")
+    client = torchserve.management_client()
+    described = client.describe("tiny-resnet")
+    (worker,) = described["workers"]
+    fork_server = _parent_of(worker["pid"])
+    assert b"packrat.forkserver.server" in Path(f"/proc/{fork_server}/cmdline").read_bytes()
+    assert _parent_of(fork_server) == torchserve.pid  # same process group: stop() stops it
+    # One thread: a fork copies only the forking thread, so no other may hold a lock then
+    # (numpy's OpenBLAS server thread would; the fork server starts it with one thread).
+    assert len(os.listdir(f"/proc/{fork_server}/task")) == 1
+    picture = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 90)).save(picture, format="JPEG")
+    r = requests.post(f"{torchserve.inference_url}/predictions/tiny-resnet", data=picture.getvalue(),
+                      headers=torchserve.inference_headers(), timeout=60)
+    assert r.status_code == 200, r.text
+
+    client.unregister("tiny-resnet", described["modelVersion"])
+    assert _wait_gone(worker["pid"], timeout_s=60)
+    assert _alive(fork_server)
+
+
+@pytest.mark.torchserve
+def test_PACKRAT_FORKSERVER_0_starts_workers_the_way_torchserve_does(tiny_store, tmp_path) -> None:
+    server = start_server(tiny_store, tmp_path / "ts", env={**os.environ, "PACKRAT_FORKSERVER": "0"})
+    try:
+        (worker,) = server.register("noop")
+        java = _parent_of(worker["pid"])
+        assert b"org.pytorch.serve.ModelServer" in Path(f"/proc/{java}/cmdline").read_bytes()
+    finally:
+        server.stop()
+
+
+@pytest.mark.torchserve
+def test_packrat_torchserve_returns_like_torchserve_start_and_stop_stops_it_all(tiny_store, tmp_path) -> None:
+    # The drop-in for `torchserve` (packrat-torchserve): backgrounds itself, forks workers
+    # warm, and `torchserve --stop` takes the frontend, fork server and workers down.
+    ports = Ports.free()
+    config = tmp_path / "config.properties"
+    config.write_text(render_properties(DEFAULT_CONFIG, ports, tiny_store, None))
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "TEMP": str(tmp_path / "tmp"),
+           "PACKRAT_SLOT_DIR": str(tmp_path / "slots")}
+    env.pop("TS_CONFIG_FILE", None)
+    command = [sys.executable, "-m", "packrat.forkserver.launch"]
+    started = subprocess.run([*command, "--start", "--ncs", "--ts-config", str(config), "--model-store",
+                              str(tiny_store)], cwd=tmp_path, env=env, timeout=60,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert started.returncode == 0
+    server = RunningServer(workdir=tmp_path, model_store=tiny_store, pid=0, ports=ports, config_path=config)
+    try:
+        deadline = time.monotonic() + 180
+        while not _healthy(server):
+            assert time.monotonic() < deadline, "TorchServe did not start"
+            time.sleep(0.5)
+        (worker,) = server.register("noop", timeout_s=180)
+        fork_server = _parent_of(worker["pid"])
+        assert b"packrat.forkserver.server" in Path(f"/proc/{fork_server}/cmdline").read_bytes()
+        launcher = _parent_of(fork_server)
+        stopped = subprocess.run([*command, "--stop"], cwd=tmp_path, env=env, timeout=120,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert stopped.returncode == 0
+        for pid in (worker["pid"], fork_server, launcher):
+            assert _wait_gone(pid, timeout_s=60), pid
+    finally:  # whatever is left (the launcher leads its own session): its whole group
+        _kill_groups_of(str(config))
