@@ -18,8 +18,9 @@ a test run), so everything an instance writes is kept inside its own workdir:
   that directory: run it with PACKRAT_SLOT_DIR=server.slot_dir.
 - gRPC is always started (no switch in 0.12): its two ports are chosen free too.
 
-The launcher runs `torchserve --foreground` as a child in a new session, so the
-launcher, the Java frontend and every Python worker share one process group;
+The launcher runs `torchserve --foreground` as a child in a new session (through
+packrat.forkserver.launch unless PACKRAT_FORKSERVER=0), so the launcher, the fork
+server, the Java frontend and every Python worker share one process group;
 stop() signals that group and waits until no member is left (SIGKILL after a
 grace period), which leaves no Java behind even when several servers run.
 """
