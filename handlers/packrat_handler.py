@@ -44,11 +44,12 @@ def initialize(context: Context) -> None:
     # and before the model's memory is touched. None when the version has no plan.
     import time
 
-    from packrat.slots import claim_and_pin, report_startup
+    from packrat.slots import claim_and_pin, lowered_priority, report_startup
 
     claim_and_pin(context.model_yaml_config)
     t0 = time.perf_counter()
-    _task = load_task(context.system_properties["model_dir"], context.model_yaml_config)
+    with lowered_priority():  # PACKRAT_LOAD_NICE: yield to the serving version while loading
+        _task = load_task(context.system_properties["model_dir"], context.model_yaml_config)
     # Where this worker's start-up went, for the swap record (docs/live-plans.md):
     # the runner times building its mode, the guard and the warm-up; the rest is model load.
     runner = getattr(_task, "runner", None)

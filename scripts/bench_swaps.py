@@ -141,7 +141,7 @@ def run_mode(server, swapper: Swapper, model: str, mode: str, store: Path, args)
                           clients=args.clients).start()
     time.sleep(3.0)
     records: dict[str, list[dict]] = {"cold": [], "cold2": [], "warm": []}
-    windows = []
+    windows, loading, draining = [], [], []
     for label, plan in (("cold", thin), ("cold2", fat)):
         rec = swapper.apply(model, plan)
         records[label].append(rec.to_dict())
@@ -154,6 +154,8 @@ def run_mode(server, swapper: Swapper, model: str, mode: str, store: Path, args)
         a = time.monotonic()
         rec = swapper.apply(model, plan)
         windows.append((a, time.monotonic()))
+        loading.append((a, a + rec.live_s))  # until the new version serves
+        draining.append((a + rec.live_s, windows[-1][1]))
         records["warm"].append(rec.to_dict())
         print(f"  warm {k + 1}: live {rec.live_s:.2f}s total {rec.duration_s:.2f}s "
               f"phases {dict(rec.phases_s)} ready {dict(rec.ready_phases_s)}", file=sys.stderr)
@@ -178,6 +180,11 @@ def run_mode(server, swapper: Swapper, model: str, mode: str, store: Path, args)
         "warm_cache": [[w["cache"] for w in r["workers"]] for r in warm],
         "steady": stats(steady),
         "during_swaps": stats(during),
+        # The same requests by what they overlapped: the new version loading beside the old
+        # one, or after it went live (the old one draining, the new one's first batches).
+        "during_loading": stats(in_windows(after, loading)),
+        "during_draining": stats(in_windows(after, draining)),
+        "load_nice": os.environ.get("PACKRAT_LOAD_NICE"),
         "all_requests": stats(samples),
         "reference_labels": refs,
         "answers_with_another_top_label": len(changed),
@@ -252,6 +259,13 @@ def main() -> int:
               f"| {s['during_swaps']['p99_ms']} | {s['p99_ratio']} "
               f"| {verdict(s['warm_live_s']['p50'], TARGET_P50_S)} | {verdict(s['warm_live_s']['max'], TARGET_MAX_S)} "
               f"| {verdict(s['p99_ratio'], TARGET_P99_RATIO)} |")
+    print("\np99 ms of the requests during warm swaps, by what each overlapped:\n")
+    print("| model | mode | steady | during swaps | while the new version loads | after it is live (drain) |")
+    print("|---|---|---|---|---|---|")
+    for run in result["runs"]:
+        s = run["summary"]
+        print(f"| {run['model']} | {run['mode']} | {s['steady']['p99_ms']} | {s['during_swaps']['p99_ms']} "
+              f"| {s['during_loading']['p99_ms']} | {s['during_draining']['p99_ms']} |")
     print("\nWarm swaps, median seconds per phase:\n")
     names = []
     for run in result["runs"]:

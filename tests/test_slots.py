@@ -12,6 +12,9 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from packrat.slots import parse_cpu_list
 
@@ -80,3 +83,47 @@ def test_profiled_and_served_worker_report_identical_thread_settings(tmp_path):
         assert [set(parse_cpu_list(c)) for c in profiled["thread_cpu_lists"]] == [set(cores)]
         assert profiled["torch_threads"] == threads and profiled["interop_threads"] == 1
         assert profiled["thread_env"] == {var: str(threads) for var in THREAD_VARS}
+
+
+NICE_PROBE = """
+import json, os, sys, threading
+from packrat.slots import lowered_priority
+
+def nices():
+    return sorted({os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")})
+
+started = threading.Event()
+stop = threading.Event()
+with lowered_priority(int(sys.argv[1])) as low:
+    threading.Thread(target=lambda: (started.set(), stop.wait()), daemon=True).start()  # a pool born inside
+    started.wait()
+    inside = nices()
+after = nices()
+stop.set()
+print(json.dumps({"active": low.active, "inside": inside, "after": after}))
+"""
+
+
+def _nice_probe(extra: int, prefix: list[str] | None = None) -> dict:
+    out = subprocess.run([*(prefix or []), sys.executable, "-c", NICE_PROBE, str(extra)],
+                         capture_output=True, text=True, check=True, timeout=120)
+    return json.loads(out.stdout)
+
+
+def test_a_loading_worker_yields_priority_and_every_thread_gets_it_back() -> None:
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    seen = _nice_probe(5)
+    if not seen["active"]:
+        pytest.skip("this process may not lower its nice value again (no CAP_SYS_NICE, RLIMIT_NICE 0)")
+    assert seen["inside"] == [min(19, base + 5)]  # both threads, the one started inside too
+    assert seen["after"] == [base]
+    assert _nice_probe(0) == {"active": False, "inside": [base], "after": [base]}
+
+
+def test_without_the_right_to_lower_it_again_the_priority_is_left_alone() -> None:
+    # A worker that could raise its nice value but not lower it would serve deprioritised.
+    if os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists():
+        pytest.skip("needs root and setpriv to drop CAP_SYS_NICE")
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    drop = ["setpriv", "--inh-caps=-sys_nice", "--bounding-set=-sys_nice"]
+    assert _nice_probe(5, drop) == {"active": False, "inside": [base], "after": [base]}
