@@ -44,6 +44,8 @@ PRELOAD = (
 # value differs from ours cannot be served by a fork (the shim then execs Python).
 STARTUP_ONLY_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONMALLOC")
 _PR_SET_PDEATHSIG = 1
+Children = dict[socket.socket, int]  # a shim's connection -> its child's pid
+ByPid = dict[int, socket.socket]
 _REQUEST_TIMEOUT_S = 10.0
 
 
@@ -110,8 +112,8 @@ def serve(socket_path: str, parent_pid: int, preload: tuple[str, ...]) -> Worker
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
-    children: dict[socket.socket, int] = {}  # shim connection -> child pid
-    by_pid: dict[int, socket.socket] = {}
+    children: Children = {}  # shim connection -> child pid
+    by_pid: ByPid = {}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener, \
             selectors.DefaultSelector() as selector:
         listener.bind(socket_path)
@@ -158,7 +160,8 @@ def _preload(names: tuple[str, ...]) -> None:
           f"{time.process_time() - started:.1f} s CPU", file=sys.stderr, flush=True)
 
 
-def _accept(listener, selector, children, by_pid, me: int) -> WorkerRequest | None:
+def _accept(listener: socket.socket, selector: selectors.BaseSelector, children: Children,
+            by_pid: ByPid, me: int) -> WorkerRequest | None:
     conn, _ = listener.accept()
     try:
         if _peer_uid(conn) != os.getuid():
@@ -208,7 +211,7 @@ def _drain(fd: int) -> None:
         pass
 
 
-def _reap(selector, children, by_pid) -> None:
+def _reap(selector: selectors.BaseSelector, children: Children, by_pid: ByPid) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -226,7 +229,7 @@ def _reap(selector, children, by_pid) -> None:
         _close(conn, selector, children)
 
 
-def _from_shim(conn, selector, children, by_pid) -> None:
+def _from_shim(conn: socket.socket, selector: selectors.BaseSelector, children: Children, by_pid: ByPid) -> None:
     pid = children[conn]
     try:
         data = conn.recv(4096)
@@ -244,7 +247,7 @@ def _from_shim(conn, selector, children, by_pid) -> None:
             pass
 
 
-def _close(conn, selector, children) -> None:
+def _close(conn: socket.socket, selector: selectors.BaseSelector, children: Children) -> None:
     selector.unregister(conn)
     children.pop(conn, None)
     conn.close()
