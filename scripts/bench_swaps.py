@@ -86,14 +86,13 @@ def bodies(model: str) -> list[bytes]:
 
 
 def top(body: bytes) -> str | None:
-    """The label an answer names first (classification: `label`; image: first of the top-k)."""
+    """The label an answer names first (text classification: `label`; image: the first of
+    `predictions`, handlers/packrat_tasks/image.py)."""
     a = json.loads(body)
     if isinstance(a, dict) and "label" in a:
         return a["label"]
-    if isinstance(a, list) and a and isinstance(a[0], dict):
-        return a[0].get("label")
-    if isinstance(a, dict):
-        return max(a, key=a.get) if a and all(isinstance(v, (int, float)) for v in a.values()) else str(a)
+    if isinstance(a, dict) and a.get("predictions"):
+        return a["predictions"][0].get("label")
     return str(a)
 
 
