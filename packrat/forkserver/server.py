@@ -45,7 +45,6 @@ PRELOAD = (
 STARTUP_ONLY_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONMALLOC")
 _PR_SET_PDEATHSIG = 1
 Children = dict[socket.socket, int]  # a shim's connection -> its child's pid
-ByPid = dict[int, socket.socket]
 _REQUEST_TIMEOUT_S = 10.0
 
 
@@ -112,8 +111,7 @@ def serve(socket_path: str, parent_pid: int, preload: tuple[str, ...]) -> Worker
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
-    children: Children = {}  # shim connection -> child pid
-    by_pid: ByPid = {}
+    children: Children = {}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener, \
             selectors.DefaultSelector() as selector:
         listener.bind(socket_path)
@@ -126,7 +124,7 @@ def serve(socket_path: str, parent_pid: int, preload: tuple[str, ...]) -> Worker
             while os.getppid() == parent_pid:
                 for key, _ in selector.select(timeout=1.0):
                     if key.fileobj is listener:
-                        request = _accept(listener, selector, children, by_pid, me)
+                        request = _accept(listener, selector, children, me)
                         if request is not None:  # in the child
                             signal.set_wakeup_fd(-1)
                             os.close(wake_r)
@@ -134,12 +132,12 @@ def serve(socket_path: str, parent_pid: int, preload: tuple[str, ...]) -> Worker
                             return request
                     elif key.fileobj == wake_r:
                         _drain(wake_r)
-                        _reap(selector, children, by_pid)
+                        _reap(selector, children)
                     else:
-                        _from_shim(key.fileobj, selector, children, by_pid)
+                        _from_shim(key.fileobj, selector, children)
         finally:
             if os.getpid() == me:
-                for pid in by_pid:
+                for pid in children.values():
                     _kill(pid, signal.SIGKILL)
                 os.unlink(socket_path)
     sys.exit(0)
@@ -161,7 +159,7 @@ def _preload(names: tuple[str, ...]) -> None:
 
 
 def _accept(listener: socket.socket, selector: selectors.BaseSelector, children: Children,
-            by_pid: ByPid, me: int) -> WorkerRequest | None:
+            me: int) -> WorkerRequest | None:
     conn, _ = listener.accept()
     try:
         if _peer_uid(conn) != os.getuid():
@@ -190,7 +188,6 @@ def _accept(listener: socket.socket, selector: selectors.BaseSelector, children:
         os.close(fd)
     conn.settimeout(None)
     children[conn] = pid
-    by_pid[pid] = conn
     selector.register(conn, selectors.EVENT_READ)
     _send(conn, {"pid": pid})
     return None
@@ -211,7 +208,7 @@ def _drain(fd: int) -> None:
         pass
 
 
-def _reap(selector: selectors.BaseSelector, children: Children, by_pid: ByPid) -> None:
+def _reap(selector: selectors.BaseSelector, children: Children) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -219,8 +216,8 @@ def _reap(selector: selectors.BaseSelector, children: Children, by_pid: ByPid) -
             return
         if pid == 0:
             return
-        conn = by_pid.pop(pid, None)
-        if conn is None:
+        conn = next((c for c, p in children.items() if p == pid), None)
+        if conn is None:  # its shim went first (_from_shim killed it)
             continue
         if os.WIFSIGNALED(status):
             _send(conn, {"signal": os.WTERMSIG(status)})
@@ -229,7 +226,7 @@ def _reap(selector: selectors.BaseSelector, children: Children, by_pid: ByPid) -
         _close(conn, selector, children)
 
 
-def _from_shim(conn: socket.socket, selector: selectors.BaseSelector, children: Children, by_pid: ByPid) -> None:
+def _from_shim(conn: socket.socket, selector: selectors.BaseSelector, children: Children) -> None:
     pid = children[conn]
     try:
         data = conn.recv(4096)
@@ -237,7 +234,6 @@ def _from_shim(conn: socket.socket, selector: selectors.BaseSelector, children: 
         data = b""
     if not data:  # TorchServe killed the shim (scale-down, restart): the child goes too
         _kill(pid, signal.SIGKILL)
-        by_pid.pop(pid, None)
         _close(conn, selector, children)
         return
     for line in data.splitlines():
@@ -265,9 +261,9 @@ def become_worker(request: WorkerRequest, base_path: list[str]) -> None:
 
     `base_path` is the interpreter's own sys.path (without the fork server's start directory).
     """
-    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a new process
     for target, fd in enumerate(request.fds):
         os.dup2(fd, target)
         os.close(fd)
