@@ -53,7 +53,7 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,16 +81,12 @@ def pin_threads(cores: Iterable[int], threads: int) -> None:
     this size. sched_setaffinity(0) only moves the calling thread, so threads
     that already exist (TorchServe's, or a pool torch started early) are moved
     one by one; threads started later inherit the affinity. A worker forked by
-    packrat.forkserver has torch imported but no pool started (the fork server
-    runs no torch op), so the same holds there.
+    packrat.forkserver has torch imported but no pool started (the fork server has
+    one thread when it forks, tests/test_forkserver.py), so the same holds there.
     """
     core_set = set(cores)
     os.sched_setaffinity(0, core_set)
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), core_set)
-        except (ProcessLookupError, PermissionError):
-            pass  # thread exited meanwhile
+    _each_thread(lambda tid: os.sched_setaffinity(tid, core_set))
     for var in THREAD_VARS:
         os.environ[var] = str(threads)
 
@@ -117,18 +113,19 @@ def pin_process(cores: Iterable[int], threads: int) -> None:
 
 
 # Extra nice value for a new worker's load and warm-up: they run on the cores the
-# version being replaced serves on. 5 gives the loader about a quarter of a core
-# beside a busy serving thread (CFS weights 335 : 1024); measured on the 2-core EPYC
-# against 0 and 10 (docs/live-plans.md). 0 leaves the priority alone.
+# version being replaced serves on. By the CFS weights (335 : 1024) 5 leaves the loader
+# about a quarter of a core beside a busy serving thread; chosen by measuring 0, 5 and 10
+# on the 2-core EPYC (docs/live-plans.md). 0 leaves the priority alone.
 LOAD_NICE_ENV = "PACKRAT_LOAD_NICE"
 DEFAULT_LOAD_NICE = 5
 _CAP_SYS_NICE = 23
 
 
-def _set_nice_all_threads(value: int) -> None:
+def _each_thread(action: Callable[[int], object]) -> None:
+    """`action(tid)` for every thread of this process (pinning and priority are per thread)."""
     for tid in os.listdir("/proc/self/task"):
         try:
-            os.setpriority(os.PRIO_PROCESS, int(tid), value)
+            action(int(tid))
         except (ProcessLookupError, PermissionError):
             pass  # thread exited meanwhile
 
@@ -167,12 +164,12 @@ class lowered_priority:
 
     def __enter__(self) -> "lowered_priority":
         if self.active:
-            _set_nice_all_threads(min(19, self.before + self.extra))
+            _each_thread(lambda tid: os.setpriority(os.PRIO_PROCESS, tid, min(19, self.before + self.extra)))
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.active:
-            _set_nice_all_threads(self.before)
+            _each_thread(lambda tid: os.setpriority(os.PRIO_PROCESS, tid, self.before))
 
 
 def thread_cpu_lists() -> list[str]:
