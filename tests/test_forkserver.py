@@ -131,6 +131,60 @@ def test_killing_the_shim_kills_its_worker_and_a_signal_comes_back_as_the_status
     assert server.poll() is None
 
 
+# `python -m probe_module RESULT_FD`: what it saw, written to the descriptor it was given.
+PROBE_MODULE = """\
+import json, os, sys
+import packrat.forkserver
+os.write(int(sys.argv[1]), json.dumps({"ppid": os.getppid(), "argv": sys.argv, "path0": sys.path[0],
+    "forked": packrat.forkserver.FORKED, "stdin": sys.stdin.read(),
+    "no_bytecode": sys.dont_write_bytecode}).encode())
+sys.exit(7 if sys.argv[2:] == ["fail"] else 0)
+"""
+
+
+def test_a_process_asks_for_a_module_with_extra_descriptors_and_waits_or_kills(fork_server, tmp_path) -> None:
+    """packrat.forkserver.client: `-m module`, descriptors mapped to chosen numbers, Popen's wait/kill."""
+    from packrat.forkserver.client import request
+
+    server, _shim, script = fork_server
+    socket_path = str(script.parent / "sock")
+    workdir = tmp_path / "mods"
+    workdir.mkdir()
+    (workdir / "probe_module.py").write_text(PROBE_MODULE)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    for args, status in (([], 0), (["fail"], 7)):
+        stdin_r, stdin_w = os.pipe()
+        os.write(stdin_w, b"from the caller")
+        os.close(stdin_w)
+        result_r, result_w = os.pipe()
+        proc = request(socket_path, ["-m", "probe_module", "5", *args], env, str(workdir),
+                       fds={0: stdin_r, 1: 1, 2: 2, 5: result_w})
+        os.close(stdin_r)
+        os.close(result_w)
+        assert proc is not None
+        with os.fdopen(result_r) as results:
+            seen = json.loads(results.read())
+        assert proc.wait() == status
+        assert seen["ppid"] == server.pid and seen["forked"] is True
+        assert seen["argv"] == [str(workdir / "probe_module.py"), "5", *args]
+        assert seen["path0"] == str(workdir) and seen["stdin"] == "from the caller"
+        assert seen["no_bytecode"] is True
+
+    result_r, result_w = os.pipe()
+    sleeper = request(socket_path, [str(script), "sleep"], os.environ, str(tmp_path), fds={0: 0, 1: result_w, 2: 2})
+    os.close(result_w)
+    with os.fdopen(result_r) as out:
+        worker = json.loads(out.readline())["pid"]
+        sleeper.kill()
+        assert sleeper.wait() == -signal.SIGKILL
+    assert _wait_gone(worker)
+    # A request it must not serve comes back as None: the caller starts Python itself.
+    assert request(socket_path, ["-m", "no such module!"], os.environ, str(tmp_path), fds={0: 0, 1: 1, 2: 2}) is None
+    assert request(str(tmp_path / "no-socket"), [str(script), "0"], os.environ, str(tmp_path),
+                   fds={0: 0, 1: 1, 2: 2}) is None
+    assert server.poll() is None
+
+
 def test_the_shim_runs_python_itself_when_the_fork_server_is_gone_or_declines(fork_server) -> None:
     server, shim, script = fork_server
     # PYTHONHASHSEED is read when an interpreter starts: a fork cannot honour another one.

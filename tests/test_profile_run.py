@@ -21,9 +21,9 @@ needs_two_cores = pytest.mark.skipif(len(CORES) < 2, reason="needs 2 usable core
 
 
 # A hang guard only, not a speed target: the profiler's timings are in docs/profiler.md.
-def packrat(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def packrat(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "packrat.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "packrat.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
 
 
@@ -61,6 +61,8 @@ def test_real_tiny_archive_profile_t2_b4(tmp_path):
     data = json.loads(out.read_text())
     assert data["complete"] is True and data["omitted"] == []
     assert "wrote" in res.stdout
+    # Every worker was forked warm by the profiler's own fork server, as served workers are.
+    assert [w["forked"] for w in data["workers"]] == [True, True]
     # Co-run: 2 instances of 1 thread at once, each on its own core (as each worker read
     # its affinity from the kernel), every batch; the figure is the slower instance's.
     assert data["figures"] == "isolated+co-run"
@@ -81,6 +83,17 @@ def test_real_tiny_archive_profile_t2_b4(tmp_path):
         thin.predicted_latency_ms, profile.latency(2, 4), profile.instance_latency(1, 4, 1))
     # the worker wrote no bytecode into the archive (it would not change the id, but it litters)
     assert not list(Path(archive_path).rglob("__pycache__"))
+
+
+def test_PACKRAT_FORKSERVER_0_profiles_in_new_interpreters(tmp_path):
+    archive = make_tiny_archive(tmp_path / "tiny")
+    out = tmp_path / "p.json"
+    res = packrat("profile", str(archive), "--cores", "1", "--max-batch", "1", "--point-budget", "0.3",
+                  "-q", "-o", str(out), env={**os.environ, "PACKRAT_FORKSERVER": "0"})
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    assert [w["forked"] for w in data["workers"]] == [False]
+    assert [(p["threads"], p["batch"]) for p in data["points"]] == [(1, 1)]
 
 
 def test_model_scope_is_recorded(tmp_path):

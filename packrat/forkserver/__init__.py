@@ -27,6 +27,8 @@ import os
 from pathlib import Path
 
 SHIM_SOURCE = Path(__file__).with_name("shim.py")
+# True in a process the fork server forked (server.become_worker sets it).
+FORKED = False
 # Longest `#!interpreter flags` line the kernel reads whole (BINPRM_BUF_SIZE, Linux >= 5.1).
 _SHEBANG_MAX = 255
 

@@ -48,17 +48,26 @@ Children = dict[socket.socket, int]  # a shim's connection -> its child's pid
 _REQUEST_TIMEOUT_S = 10.0
 
 
+# Most descriptors one request may hand over (the shim sends stdin/stdout/stderr; the
+# profiler adds its result pipe).
+_MAX_FDS = 8
+
+
 @dataclass
 class WorkerRequest:
-    argv: list[str]
+    argv: list[str]  # `script.py args...` or `-m module args...`
     cwd: str
     env: dict[str, str]
     fds: list[int]
+    targets: list[int]  # the descriptor number each of `fds` becomes in the child
 
 
 def decline_reason(argv: list[str], env: dict[str, str]) -> str | None:
     """Why a fork cannot stand in for `python <argv>` in `env`; None if it can."""
-    if not argv or not argv[0].endswith(".py") or not os.path.isfile(argv[0]):
+    if argv[:1] == ["-m"]:
+        if len(argv) < 2 or not argv[1].replace(".", "").replace("_", "").isalnum():
+            return "-m without a module name"
+    elif not argv or not argv[0].endswith(".py") or not os.path.isfile(argv[0]):
         return "not a script file"
     for var in STARTUP_ONLY_ENV:
         if env.get(var) != os.environ.get(var):
@@ -68,9 +77,9 @@ def decline_reason(argv: list[str], env: dict[str, str]) -> str | None:
 
 def _read_request(conn: socket.socket) -> WorkerRequest:
     conn.settimeout(_REQUEST_TIMEOUT_S)
-    header, fds, _flags, _addr = socket.recv_fds(conn, 4, 3)
+    header, fds, _flags, _addr = socket.recv_fds(conn, 4, _MAX_FDS)
     try:
-        if len(header) != 4 or len(fds) != 3:
+        if len(header) != 4 or not fds:
             raise ValueError("malformed request header")
         (length,) = struct.unpack("!I", header)
         body = b""
@@ -80,7 +89,10 @@ def _read_request(conn: socket.socket) -> WorkerRequest:
                 raise ValueError("request cut short")
             body += chunk
         data = json.loads(body)
-        return WorkerRequest(list(data["argv"]), str(data["cwd"]), dict(data["env"]), fds)
+        targets = [int(t) for t in data.get("fd_targets", [0, 1, 2])]
+        if len(targets) != len(fds) or len(set(targets)) != len(targets) or min(targets) < 0:
+            raise ValueError(f"{len(fds)} descriptors for fd_targets {targets}")
+        return WorkerRequest(list(data["argv"]), str(data["cwd"]), dict(data["env"]), fds, targets)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -257,28 +269,41 @@ def _kill(pid: int, sig: int) -> None:
 
 
 def become_worker(request: WorkerRequest, base_path: list[str]) -> None:
-    """In the forked child: take the request's stdio, directory, environment, argv; run it.
+    """In the forked child: take the request's descriptors, directory, environment, argv; run it.
 
     `base_path` is the interpreter's own sys.path (without the fork server's start directory).
     """
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a new process
-    for target, fd in enumerate(request.fds):
+    # Moved out of the way first: a received descriptor may already sit on another's target.
+    moved = [os.dup(fd) for fd in request.fds]
+    for fd in request.fds:
+        os.close(fd)
+    for fd, target in zip(moved, request.targets):
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
-    script = os.path.abspath(request.argv[0])
-    # What a fresh `python script` would have: the script's directory, PYTHONPATH, then
-    # the interpreter's own path.
+    sys.dont_write_bytecode = bool(request.env.get("PYTHONDONTWRITEBYTECODE"))  # read at start-up
+    import packrat.forkserver
+
+    packrat.forkserver.FORKED = True
+    module = request.argv[1] if request.argv[0] == "-m" else None
+    # What a fresh `python script` (or `python -m module`) would have first on its path: the
+    # script's directory (the working directory), then PYTHONPATH, then the interpreter's own.
+    first = os.getcwd() if module else os.path.dirname(os.path.abspath(request.argv[0]))
     extra = [p for p in request.env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [os.path.dirname(script), *extra, *[p for p in base_path if p not in extra]]
-    sys.argv = list(request.argv)
+    sys.path[:] = [first, *extra, *[p for p in base_path if p not in extra]]
     if "numpy" in sys.modules:  # a fresh process draws its own seed; a fork inherits ours
         sys.modules["numpy"].random.seed()
-    runpy.run_path(script, run_name="__main__")
+    if module:
+        sys.argv = [module, *request.argv[2:]]  # run_module puts the module's file in argv[0]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(request.argv)
+        runpy.run_path(os.path.abspath(request.argv[0]), run_name="__main__")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,6 +43,7 @@ from typing import Any
 
 from packrat.cores import usable_cores
 from packrat.errors import ConfigError, ProfileError
+from packrat.forkserver import client as forkserver_client
 from packrat.profile.fingerprint import current_fingerprint
 from packrat.profile.identity import ArchiveRef
 from packrat.profile.store import SCOPES, utc_now
@@ -50,6 +51,8 @@ from packrat.types import Profile, ProfilePoint
 
 DEFAULT_MAX_BATCH = 32
 DEFAULT_POINT_BUDGET_S = 10.0
+# The descriptor a forked worker writes its events to (a started one gets the pipe's own number).
+_RESULT_FD = 3
 
 
 @dataclass(frozen=True)
@@ -134,22 +137,33 @@ def _run_worker(
     on_event: Callable[[dict[str, Any]], None],
     log_path: Path,
 ) -> None:
-    """Run one worker to completion, passing its events on; ProfileError if it fails."""
+    """Run one worker to completion, passing its events on; ProfileError if it fails.
+
+    Forked warm by this process's fork server (packrat.forkserver.client) where there is
+    one, as TorchServe's workers are; otherwise started as a new interpreter.
+    """
     read_fd, write_fd = os.pipe()
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(job["threads"])  # also set by the worker, before torch
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # don't write __pycache__ into the archive directory
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as jf:
-        json.dump(job, jf)
+        # The worker's budget runs from now, not from when it got going: a fork waits
+        # for the fork server's imports the first time, a new interpreter for its own.
+        json.dump({**job, "issued_monotonic": time.monotonic()}, jf)
     error: str | None = None
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "packrat.profile.worker", jf.name, str(write_fd)],
-            pass_fds=(write_fd,),
-            env=env,
-            stdout=log,
-            stderr=log,
-        )
+    with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+        proc: subprocess.Popen | forkserver_client.ForkedProcess | None = forkserver_client.spawn(
+            ["-m", "packrat.profile.worker", jf.name, str(_RESULT_FD)], env,
+            fds={0: devnull.fileno(), 1: log.fileno(), 2: log.fileno(), _RESULT_FD: write_fd})
+        if proc is None:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "packrat.profile.worker", jf.name, str(write_fd)],
+                pass_fds=(write_fd,),
+                env=env,
+                stdin=devnull,
+                stdout=log,
+                stderr=log,
+            )
         os.close(write_fd)
         try:
             with os.fdopen(read_fd) as results:

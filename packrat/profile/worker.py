@@ -2,16 +2,19 @@
 
     python -m packrat.profile.worker JOB.json RESULT_FD
 
-The runner starts one of these per thread count. It pins itself with the
-served worker's recipe (packrat.slots: affinity and thread-count variables
-*before* numpy, scipy or torch are imported, then torch's intra-op and
-inter-op pools), so every thread pool those libraries start (OpenMP, oneDNN,
-OpenBLAS, tokenizers) is born on the right cores with the right size, and
-the profile measures the settings a served worker on that slot runs with. It then
+The runner starts one of these per thread count, forked by its fork server
+(packrat.forkserver.client: torch and transformers already imported, no thread
+pool started yet, as in a served worker forked beside TorchServe) or, without
+one, as a new interpreter. It pins itself with the served worker's recipe
+(packrat.slots: affinity and thread-count variables before any pool starts, then
+torch's intra-op and inter-op pools), so every thread pool (OpenMP, oneDNN,
+OpenBLAS, tokenizers) is born on the right cores with the right size, and the
+profile measures the settings a served worker on that slot runs with. It then
 loads the model once through the archive's own handler (`packrat_handler`)
 and times each batch size in turn: one process per t, not per (t, b), because
 loading BERT or ResNet-50 costs seconds and the batch size does not change
-the process's pinning or pools.
+the process's pinning or pools. Its budget counts from when the runner asked
+for it, start-up included.
 
 It reports JSON lines on RESULT_FD (a pipe from the runner; stdout/stderr stay
 free for whatever the handler prints):
@@ -31,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packrat import slots  # imports no numeric library: safe before pinning
+from packrat import forkserver, slots  # import no numeric library: safe before pinning
 
 
 def profile_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -64,7 +67,10 @@ def run_job(job: dict[str, Any], report: _Reporter) -> None:
     from packrat.profile.stats import StopRule, measure  # numpy/scipy: after pinning too
 
     rule = StopRule(**job["rule"])
-    deadline = None if job.get("budget_s") is None else started + float(job["budget_s"])
+    issued = float(job.get("issued_monotonic", time.monotonic()))  # when the runner asked for us
+    deadline = None
+    if job.get("budget_s") is not None:  # counted from then: a fork or a start-up is spent budget
+        deadline = started + float(job["budget_s"]) - max(0.0, time.monotonic() - issued)
 
     archive_dir = job["archive_dir"]
     sys.path.insert(0, archive_dir)
@@ -77,6 +83,8 @@ def run_job(job: dict[str, Any], report: _Reporter) -> None:
         pid=os.getpid(),
         **slots.observed_settings(),
         torch_version=torch.__version__,
+        forked=forkserver.FORKED,  # by the runner's fork server, or a new interpreter
+        ready_s=round(time.monotonic() - issued, 3),  # asked for -> loaded: start-up + load
         load_s=round(time.perf_counter() - t_load, 3),
         # Execution mode: build (compile + warm-up) time, memory, accuracy-guard numbers.
         mode=getattr(getattr(task, "runner", None), "summary", lambda: None)(),

@@ -1,0 +1,155 @@
+"""Processes forked warm for this Python process itself (the profiler's workers).
+
+The shim (shim.py) asks TorchServe's fork server for workers; this module does the
+same from inside a Packrat process, with the process's own fork server, started on
+first use and gone when the process exits (the server watches its parent). A
+profiling worker then starts in tenths of a second instead of the ~4 s of CPU its
+imports take cold, and runs in the same kind of process a served worker does.
+
+    proc = spawn(["-m", "packrat.profile.worker", job, "3"], env, fds={1: log, 2: log, 3: pipe})
+    if proc is None: ...  # no fork server here (PACKRAT_FORKSERVER=0, or it declined): Popen
+    proc.wait(); proc.kill()
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from packrat.forkserver import enabled
+
+# The first request waits while the server imports torch and transformers (~4-5 s CPU).
+_FIRST_REPLY_TIMEOUT_S = 120.0
+_BIND_TIMEOUT_S = 30.0
+
+
+class ForkedProcess:
+    """A child of the fork server, seen through its connection (Popen's wait/kill/returncode)."""
+
+    def __init__(self, pid: int, conn: socket.socket) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._conn = conn
+        self._replies = conn.makefile("rb")
+
+    def wait(self) -> int:
+        while self.returncode is None:
+            line = self._replies.readline()
+            if not line:  # the fork server is gone, and its children with it (PDEATHSIG)
+                self.returncode = -signal.SIGKILL
+                break
+            reply = json.loads(line)
+            if "exit" in reply:
+                self.returncode = int(reply["exit"])
+            elif "signal" in reply:
+                self.returncode = -int(reply["signal"])
+        self._conn.close()
+        return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the child (closing the connection would do too; this also says why)."""
+        if self.returncode is None:
+            try:
+                self._conn.sendall(json.dumps({"signal": signal.SIGKILL}).encode() + b"\n")
+            except OSError:
+                pass
+
+
+def request(socket_path: str, argv: list[str], env: Mapping[str, str], cwd: str,
+            fds: Mapping[int, int]) -> ForkedProcess | None:
+    """Ask the fork server at `socket_path` for `python <argv>`; None if it is not there or declines.
+
+    `fds`: descriptor number in the child -> descriptor here (sent with SCM_RIGHTS; the
+    caller keeps and closes its own).
+    """
+    targets, sent = list(fds), list(fds.values())
+    body = json.dumps({"argv": argv, "cwd": cwd, "env": dict(env), "fd_targets": targets}).encode()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(_FIRST_REPLY_TIMEOUT_S)
+        sock.connect(socket_path)
+        socket.send_fds(sock, [struct.pack("!I", len(body))], sent)
+        sock.sendall(body)
+        first = json.loads(sock.makefile("rb").readline() or b"{}")
+    except (OSError, ValueError):
+        first = {}
+    if "pid" not in first:
+        sock.close()
+        return None
+    sock.settimeout(None)
+    return ForkedProcess(int(first["pid"]), sock)
+
+
+class _OwnServer:
+    """This process's fork server: started once, on first use; stopped at exit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._dir: Path | None = None
+        self._registered = False
+
+    def socket_path(self) -> str | None:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+            return str(self._dir / "sock") if self._dir is not None else None
+
+    def _start(self) -> None:
+        self.stop()
+        self._dir = Path(tempfile.mkdtemp(prefix="packrat-fork-", dir="/tmp"))  # short: sun_path
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        sock = self._dir / "sock"
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "packrat.forkserver.server", "--socket", str(sock),
+             "--parent", str(os.getpid())], env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # its one line: "ready"
+        if not self._registered:
+            atexit.register(self.stop)
+            self._registered = True
+        # The server binds its socket before its imports: wait for the bind, not the imports.
+        deadline = time.monotonic() + _BIND_TIMEOUT_S
+        while not sock.exists() and self._proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not sock.exists():
+            self.stop()
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+_OWN = _OwnServer()
+
+
+def spawn(argv: list[str], env: Mapping[str, str], fds: Mapping[int, int],
+          cwd: str | None = None) -> ForkedProcess | None:
+    """`python <argv>` forked by this process's own fork server; None when there is none
+    (PACKRAT_FORKSERVER=0) or it declined (e.g. LD_PRELOAD differs): start it yourself."""
+    if not enabled(dict(env)):
+        return None
+    path = _OWN.socket_path()
+    if path is None:
+        return None
+    return request(path, argv, env, cwd or os.getcwd(), fds)
