@@ -33,6 +33,7 @@ markdown table (pasted into docs/live-plans.md).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import platform
@@ -40,6 +41,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -121,6 +123,65 @@ def phase_medians(records: list[dict]) -> dict[str, float | None]:
     return out
 
 
+class CpuSampler(threading.Thread):
+    """CPU ticks of every process, 10 times a second: who got the cores while a swap ran."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, dict[int, int]]] = []
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            now, ticks = time.monotonic(), {}
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        stat = Path(f"/proc/{entry}/stat").read_text()
+                        fields = stat[stat.rindex(")") + 2:].split()
+                        ticks[int(entry)] = int(fields[11]) + int(fields[12])  # utime + stime
+                    except (OSError, ValueError, IndexError):
+                        pass
+            self.samples.append((now, ticks))
+            self._done.wait(0.1)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+    def cores(self, a: float, b: float, pids: set[int] | None) -> float | None:
+        """Cores used over [a, b] by `pids` (None: every process)."""
+        times = [t for t, _ in self.samples]
+        i, j = bisect.bisect_left(times, a), bisect.bisect_left(times, b)
+        if j >= len(times) or i >= j:
+            return None
+        (ta, ra), (tb, rb) = self.samples[i], self.samples[j]
+        used = sum(v - ra.get(pid, 0) for pid, v in rb.items() if pids is None or pid in pids)
+        return round(used / os.sysconf("SC_CLK_TCK") / (tb - ta), 2)
+
+
+def cpu_split(sampler: CpuSampler, samples: list, swaps: list[tuple[float, float, dict]],
+              old_pids: list[set[int]]) -> list[dict]:
+    """Per warm swap: cores used by the serving (old) workers, the new ones and everything
+    else, in the 2 s before and while the new version loaded; and how much slower the
+    requests that overlapped the loading were than those just before."""
+    rows = []
+    for (a, live, rec), old in zip(swaps, old_pids):
+        new = {w["pid"] for w in rec["workers"]}
+        before = [x.latency_s for x in samples if a - 3.0 < x.start and x.start + x.latency_s < a and x.ok]
+        loading = [x.latency_s for x in samples if x.start < live and x.start + x.latency_s > a and x.ok]
+        row = {"to": "thin" if len(rec["plan"]["instances"]) > 1 else "fat", "live_s": rec["live_s"]}
+        for name, (x, y) in (("before", (a - 2.0, a)), ("loading", (a, live))):
+            total, serving, loaders = (sampler.cores(x, y, pids) for pids in (None, old, new))
+            row[name] = {"all": total, "serving": serving, "new": loaders}
+        if before and loading:
+            ref = statistics.median(before)
+            row["loading_mean_vs_before"] = round(statistics.mean(loading) / ref, 2)
+            row["loading_max_vs_before"] = round(max(loading) / ref, 2)
+        rows.append(row)
+    return rows
+
+
 def run_mode(server, swapper: Swapper, model: str, mode: str, store: Path, args) -> dict:
     url = f"{server.inference_url}/predictions/{model}"
     thin, fat = plans(mode)
@@ -136,11 +197,14 @@ def run_mode(server, swapper: Swapper, model: str, mode: str, store: Path, args)
             changed.append(i)
         return True
 
+    sampler = CpuSampler()
+    sampler.start()
     load = ContinuousLoad(url=url, headers=server.inference_headers(), bodies=data, check=same,
                           clients=args.clients).start()
     time.sleep(3.0)
     records: dict[str, list[dict]] = {"cold": [], "cold2": [], "warm": []}
     windows, loading, draining = [], [], []
+    warm_starts: list[tuple[float, float, dict]] = []
     for label, plan in (("cold", thin), ("cold2", fat)):
         rec = swapper.apply(model, plan)
         records[label].append(rec.to_dict())
@@ -156,10 +220,14 @@ def run_mode(server, swapper: Swapper, model: str, mode: str, store: Path, args)
         loading.append((a, a + rec.live_s))  # until the new version serves
         draining.append((a + rec.live_s, windows[-1][1]))
         records["warm"].append(rec.to_dict())
+        warm_starts.append((a, a + rec.live_s, records["warm"][-1]))
         print(f"  warm {k + 1}: live {rec.live_s:.2f}s total {rec.duration_s:.2f}s "
               f"phases {dict(rec.phases_s)} ready {dict(rec.ready_phases_s)}", file=sys.stderr)
         time.sleep(args.steady)
     samples = load.stop()
+    sampler.stop()
+    every = records["cold"] + records["cold2"] + records["warm"]
+    serving_pids = [{w["pid"] for w in r["workers"]} for r in every][1:-1]  # each warm swap's old version
     after = [s for s in samples if s.start >= live_since + 3.0]
     during = in_windows(after, windows)
     during_ids = {id(s) for s in during}
@@ -187,6 +255,7 @@ def run_mode(server, swapper: Swapper, model: str, mode: str, store: Path, args)
         "all_requests": stats(samples),
         "reference_labels": refs,
         "answers_with_another_top_label": len(changed),
+        "cpu_split": cpu_split(sampler, after, warm_starts, serving_pids[-len(warm_starts):]),
     }
     s, d = summary["steady"]["p99_ms"], summary["during_swaps"]["p99_ms"]
     summary["p99_ratio"] = round(d / s, 2) if s else None
@@ -274,6 +343,25 @@ def main() -> int:
     for run in result["runs"]:
         ph = run["summary"]["warm_phase_medians_s"]
         print(f"| {run['model']} | {run['mode']} | " + " | ".join(str(ph.get(k, "")) for k in names) + " |")
+    print("\nWho had the cores, warm swaps by direction (medians): cores used by the serving (old) "
+          "workers and the new ones in the 2 s before and while the new version loaded; requests "
+          "that overlapped the loading against the median of those in the 3 s before:\n")
+    print("| model | mode | to | swaps | serving before | serving / new / all while loading "
+          "| loading mean / max vs before |")
+    print("|---|---|---|---:|---:|---|---|")
+    for run in result["runs"]:
+        for to in ("thin", "fat"):
+            rows = [r for r in run["summary"]["cpu_split"] if r["to"] == to and "loading_mean_vs_before" in r]
+            if not rows:
+                continue
+
+            def m(get):
+                vals = [v for v in (get(r) for r in rows) if v is not None]
+                return med(vals) if vals else "n/a"
+            print(f"| {run['model']} | {run['mode']} | {to} | {len(rows)} | {m(lambda r: r['before']['serving'])} "
+                  f"| {m(lambda r: r['loading']['serving'])} / {m(lambda r: r['loading']['new'])} / "
+                  f"{m(lambda r: r['loading']['all'])} | {m(lambda r: r['loading_mean_vs_before'])} / "
+                  f"{m(lambda r: r['loading_max_vs_before'])} |")
     return 0
 
 

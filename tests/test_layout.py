@@ -20,11 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FLOORS: dict[str, int] = {
     "packrat.types": 0,  # frozen values that cross stage boundaries
-    "packrat.errors": 1,
-    "packrat.cpulist": 1,  # the kernel's CPU list format (slots and cores read it)  # the one exception tree (SwapError carries a types.SwapRecord)
+    "packrat.errors": 1,  # the one exception tree (SwapError carries a types.SwapRecord)
+    "packrat.cpulist": 1,  # the kernel's CPU list format (slots and cores read it)
     "packrat.slots": 2,  # worker side: runs inside TorchServe's worker and the profiler's
-    "packrat.archive": 2,
-    "packrat.forkserver": 2,  # workers forked from a warm interpreter (started beside TorchServe)  # building model archives
+    "packrat.archive": 2,  # building model archives
+    "packrat.forkserver": 2,  # processes forked from a warm interpreter (TorchServe's workers, the profiler's)
     "packrat.jobs": 2,  # background jobs for the controller
     "packrat.profile": 3,  # stage 1: isolated timing runs, profile files
     "packrat.plan": 3,  # stage 2: the optimiser, pure

@@ -18,7 +18,9 @@ The worker keeps TorchServe's view of a process: its pid (the `[PID]` line, /pro
 its pipes, its exit. When TorchServe kills the shim (scale-down, restart) the fork
 server kills the child; when the fork server dies its children die
 (PR_SET_PDEATHSIG), and TorchServe restarts them through the shim's fallback.
-PACKRAT_FORKSERVER=0 turns it off.
+The profiler forks its workers the same way from a fork server of its own
+(client.py: `-m module` requests with extra descriptors, started on first use).
+PACKRAT_FORKSERVER=0 turns both off.
 """
 
 from __future__ import annotations
