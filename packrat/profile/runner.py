@@ -151,35 +151,36 @@ def _run_worker(
         # for the fork server's imports the first time, a new interpreter for its own.
         json.dump({**job, "issued_monotonic": time.monotonic()}, jf)
     error: str | None = None
-    with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
-        proc: subprocess.Popen | forkserver_client.ForkedProcess | None = forkserver_client.spawn(
-            ["-m", "packrat.profile.worker", jf.name, str(_RESULT_FD)], env,
-            fds={0: devnull.fileno(), 1: log.fileno(), 2: log.fileno(), _RESULT_FD: write_fd})
-        if proc is None:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "packrat.profile.worker", jf.name, str(write_fd)],
-                pass_fds=(write_fd,),
-                env=env,
-                stdin=devnull,
-                stdout=log,
-                stderr=log,
-            )
-        os.close(write_fd)
-        try:
-            with os.fdopen(read_fd) as results:
-                for line in results:
-                    event = json.loads(line)
-                    if event["event"] == "error":
-                        error = event["message"]
-                    else:
-                        on_event(event)
-            rc = proc.wait()
-        except BaseException:
-            proc.kill()  # our own child, by its handle
-            proc.wait()
-            raise
-        finally:
-            Path(jf.name).unlink(missing_ok=True)
+    try:
+        with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+            proc: subprocess.Popen | forkserver_client.ForkedProcess | None = forkserver_client.spawn(
+                ["-m", "packrat.profile.worker", jf.name, str(_RESULT_FD)], env,
+                fds={0: devnull.fileno(), 1: log.fileno(), 2: log.fileno(), _RESULT_FD: write_fd})
+            if proc is None:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "packrat.profile.worker", jf.name, str(write_fd)],
+                    pass_fds=(write_fd,),
+                    env=env,
+                    stdin=devnull,
+                    stdout=log,
+                    stderr=log,
+                )
+            os.close(write_fd)
+            try:
+                with os.fdopen(read_fd) as results:
+                    for line in results:
+                        event = json.loads(line)
+                        if event["event"] == "error":
+                            error = event["message"]
+                        else:
+                            on_event(event)
+                rc = proc.wait()
+            except BaseException:
+                proc.kill()  # our own child, by its handle
+                proc.wait()
+                raise
+    finally:  # also when Ctrl-C lands while the fork server is still importing
+        Path(jf.name).unlink(missing_ok=True)
     if rc != 0 or error:
         raise ProfileError(
             f"profiling worker for {job['threads']} thread(s) failed: "
