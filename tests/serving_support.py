@@ -23,6 +23,14 @@ def start_server(model_store: Path, workdir: Path, **kwargs) -> RunningServer:
     return start_torchserve(model_store, workdir, slot_dir=Path(workdir) / "slots", **kwargs)
 
 
+def process_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a killed child its parent has not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def ensure_registered(server: RunningServer, *names: str) -> None:
     """Register the archives not yet loaded, in parallel: each worker spends ~5-10 s
     importing torch/transformers, and TorchServe loads models concurrently."""

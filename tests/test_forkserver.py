@@ -19,7 +19,7 @@ from PIL import Image
 from packrat.errors import TorchServeError
 from packrat.forkserver import write_shim
 from packrat.server import DEFAULT_CONFIG, Ports, RunningServer, render_properties
-from serving_support import ensure_registered, start_server
+from serving_support import ensure_registered, process_alive, start_server
 
 # Prints what a fresh `python worker.py` would see, then behaves as its argv asks.
 WORKER = """\
@@ -40,18 +40,11 @@ def _parent_of(pid: int) -> int:
     raise AssertionError(f"no PPid for {pid}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
+    while process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not _alive(pid)
+    return not process_alive(pid)
 
 
 def _healthy(server: RunningServer) -> bool:
@@ -224,7 +217,7 @@ def test_torchserve_workers_are_forked_and_scaled_down_with_their_shims(torchser
 
     client.unregister("tiny-resnet", described["modelVersion"])
     assert _wait_gone(worker["pid"], timeout_s=60)
-    assert _alive(fork_server)
+    assert process_alive(fork_server)
 
 
 @pytest.mark.torchserve

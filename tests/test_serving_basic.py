@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from packrat.server import start_torchserve
-from serving_support import ensure_registered, start_server
+from serving_support import ensure_registered, process_alive, start_server
 
 pytestmark = pytest.mark.torchserve
 
@@ -73,16 +73,8 @@ def test_stop_leaves_no_process_and_two_servers_coexist(tiny_store, tmp_path) ->
     finally:
         a.stop()
     for pid in (a.pid, worker_pid):
-        assert not _alive(pid), f"pid {pid} survived stop()"
+        assert not process_alive(pid), f"pid {pid} survived stop()"
     assert not a.slot_dir.exists()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_start_failure_reports_log_tail(tiny_store, tmp_path) -> None:
