@@ -99,7 +99,7 @@ class _OwnServer:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._dir: Path | None = None
-        self._registered = False
+        atexit.register(self.stop)  # a no-op until started
 
     def socket_path(self) -> str | None:
         with self._lock:
@@ -116,9 +116,6 @@ class _OwnServer:
             [sys.executable, "-m", "packrat.forkserver.server", "--socket", str(sock),
              "--parent", str(os.getpid())], env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # its one line: "ready"
-        if not self._registered:
-            atexit.register(self.stop)
-            self._registered = True
         # The server binds its socket before its imports: wait for the bind, not the imports.
         deadline = time.monotonic() + _BIND_TIMEOUT_S
         while not sock.exists() and self._proc.poll() is None and time.monotonic() < deadline:
