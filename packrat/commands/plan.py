@@ -111,7 +111,15 @@ def run_plan(profile_path: Path, cores_text: str, batch_text: str, as_json: bool
     if as_json:
         return json.dumps(shown.to_dict())
     other = _try(optimum if realizable else realizable_plan, profile, cores, batch)
-    return _render_table(profile, shown, other, realizable, cover)
+    text = _render_table(profile, shown, other, realizable, cover)
+    if realizable:
+        plain = realizable_plan(profile, cores, batch, noise_guard=False)
+        if plain.shape != shown.shape:
+            caps = plain.instances[0]
+            text += (f"\nkept fat           the lowest figure, {len(plain.instances)} x "
+                     f"{caps.threads} threads cap {caps.batch} at {plain.predicted_latency_ms:.3f} ms, "
+                     f"is not faster than fat beyond the profile's noise (Welch, 5 %)")
+    return text
 
 
 def run_plan_modes(profile_paths: list[Path], cores_text: str, batch_text: str, as_json: bool,

@@ -31,6 +31,7 @@ import math
 from collections.abc import Sequence
 
 from packrat.errors import ConfigError, PlanError
+from packrat.plan.confidence import beats_fat
 from packrat.plan.knapsack import realizable_plan
 from packrat.types import Instance, Plan, Profile
 
@@ -140,13 +141,17 @@ def uniform_candidates(profile: Profile, cores: int, batch: int) -> list[Plan]:
 
 def candidate_plans(profile: Profile, cores: int, batch: int) -> tuple[Plan, ...]:
     """What the re-plan policy chooses from: the optimiser's realisable plan first,
-    then the other uniform plans (its contention correction may prefer one)."""
+    then the other uniform plans (its contention correction may prefer one).
+    Alternatives the profile cannot tell faster than fat are left out, as the
+    optimiser's own choice is (packrat.plan.confidence)."""
     out: list[Plan] = []
     try:
         out.append(realizable_plan(profile, cores, batch))
     except PlanError:
         pass  # no realisable plan at this B from this profile: alternatives only
     for p in uniform_candidates(profile, cores, batch):
+        if beats_fat(profile, p) is False:
+            continue
         if not any(same_shape(p, q) for q in out):
             out.append(p)
     return tuple(out)

@@ -47,6 +47,7 @@ from functools import lru_cache
 import numpy as np
 
 from packrat.errors import ConfigError, PlanError, ProfileError
+from packrat.plan.confidence import fat_unless_distinct
 from packrat.types import Instance, Plan, Profile
 
 __all__ = [
@@ -286,7 +287,7 @@ def _solve_realizable(profile: Profile, cores: int, batch: int) -> Plan:
     )
 
 
-def realizable_plan(profile: Profile, cores: int, batch: int) -> Plan:
+def realizable_plan(profile: Profile, cores: int, batch: int, *, noise_guard: bool = True) -> Plan:
     """The best plan TorchServe can run as one model version.
 
     All workers of a version share one `batch_size` cap b and the front end gives
@@ -297,9 +298,14 @@ def realizable_plan(profile: Profile, cores: int, batch: int) -> Plan:
     the fewest threads that reach a latency are the same for all of them:
     a uniform plan (n × t threads) is optimal, and that is what is returned.
     Instances list the cap as their batch; Σ batch may exceed B.
+
+    With `noise_guard` (the default) the plan is fat, one worker with every
+    core, unless the profile shows the plan faster than fat beyond the noise of
+    the two figures (packrat.plan.confidence); False gives the plain minimum.
     """
     cores, batch = _check_args(cores, batch)
-    return _solve_realizable(profile, cores, batch)
+    plan = _solve_realizable(profile, cores, batch)
+    return fat_unless_distinct(profile, plan) if noise_guard else plan
 
 
 def realizable_gap(optimal: Plan, realizable: Plan) -> float:
