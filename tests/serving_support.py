@@ -7,7 +7,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import requests
@@ -122,3 +124,39 @@ class ControllerProcess:
     def get(self, path: str, **kw) -> requests.Response:
         kw.setdefault("timeout", 60)
         return requests.get(f"{self.url}{path}", headers=self.headers(), **kw)
+
+
+def synthetic_profile(model_id: str = "synthetic"):
+    """A small profile without counts (taken as exact): plans get a predicted latency
+    (the noop archive's own is a few ms), 2 threads 1.6x faster than 1."""
+    from packrat.types import Profile, ProfilePoint
+
+    points = tuple(ProfilePoint(threads=t, batch=b, mean_ms=round(4.0 * b ** 0.8 / (1.6 if t == 2 else 1.0), 3))
+                   for t in (1, 2) for b in (1, 2, 4))
+    return Profile(model_id=model_id, points=points)
+
+
+@contextmanager
+def noop_with_controller(tiny_store: Path, workdir: Path, model: str, controller_flags: list[str],
+                         profiled: bool = True) -> Iterator[tuple[RunningServer, ControllerProcess]]:
+    """TorchServe serving the noop archive as `model` (registered, one worker) and a
+    `packrat controller` beside it with `controller_flags`, up once /healthz answers;
+    with `profiled`, the model has synthetic_profile() in the controller's state.
+    Both are stopped on the way out, also on failure."""
+    from packrat.profile.store import save_profile
+
+    store, state = workdir / "store", workdir / "state"
+    store.mkdir(parents=True)
+    state.mkdir(parents=True)
+    (store / model).symlink_to(tiny_store / "noop", target_is_directory=True)
+    server = start_server(store, workdir / "ts")
+    ctl = ControllerProcess(server, store, state, controller_flags, ready_path="/healthz")
+    if profiled:
+        save_profile(synthetic_profile(), state / "profiles" / f"{model}.json")
+    try:
+        server.management_client().register(model, model, 1)
+        ctl.start()
+        yield server, ctl
+    finally:
+        ctl.kill()
+        server.stop()

@@ -20,9 +20,7 @@ from typing import Any
 import pytest
 import requests
 
-from packrat.profile.store import save_profile
-from packrat.types import Profile, ProfilePoint
-from serving_support import ControllerProcess, start_server
+from serving_support import noop_with_controller
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "packrat.json"
 MODEL = "dash-echo"
@@ -81,18 +79,9 @@ def test_selectors_are_read_from_the_query() -> None:
 
 @pytest.fixture(scope="module")
 def scrapes(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
-    store = tmp_path_factory.mktemp("dash-store")
-    (store / MODEL).symlink_to(tiny_store / "noop", target_is_directory=True)
-    server = start_server(store, tmp_path_factory.mktemp("dash-ts"))
-    state = tmp_path_factory.mktemp("dash-state")
     # The re-plan loop on (decisions), no swap of its own here (--min-dwell), no tuning.
-    ctl = ControllerProcess(server, store, state, ["--no-tune", "--min-dwell", "3600"], ready_path="/healthz")
-    points = tuple(ProfilePoint(threads=t, batch=b, mean_ms=round(4.0 * b ** 0.8 / (1.6 if t == 2 else 1.0), 3))
-                   for t in (1, 2) for b in (1, 2, 4))
-    save_profile(Profile(model_id="synthetic", points=points), state / "profiles" / f"{MODEL}.json")
-    try:
-        server.management_client().register(MODEL, MODEL, 1)
-        ctl.start()
+    with noop_with_controller(tiny_store, tmp_path_factory.mktemp("dash"), MODEL,
+                              ["--no-tune", "--min-dwell", "3600"]) as (server, ctl):
         r = requests.post(f"{ctl.url}/v1/models/{MODEL}/apply", json={"instances": [{"threads": 1, "batch": 2}] * 2},
                           headers=ctl.headers(), timeout=300)
         assert r.status_code == 200, r.text
@@ -109,9 +98,6 @@ def scrapes(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
             time.sleep(0.5)
         ts_text = requests.get(f"{server.metrics_url}/metrics", timeout=10).text
         yield exported(ts_text), exported(ctl_text)
-    finally:
-        ctl.kill()
-        server.stop()
 
 
 def test_every_dashboard_query_names_an_exported_metric(scrapes) -> None:

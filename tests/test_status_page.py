@@ -22,9 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from packrat.profile.store import save_profile
-from packrat.types import Profile, ProfilePoint
-from serving_support import ControllerProcess, start_server
+from serving_support import noop_with_controller
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -39,20 +37,11 @@ pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def stack(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
-    store = tmp_path_factory.mktemp("page-store")
-    (store / MODEL).symlink_to(tiny_store / "noop", target_is_directory=True)
-    server = start_server(store, tmp_path_factory.mktemp("page-ts"))
     # Re-plan loop on (its decisions are the chart), but no swap of its own while the test
-    # runs (--min-dwell); tuning off: it would profile for minutes.
-    state = tmp_path_factory.mktemp("page-state")
-    ctl = ControllerProcess(server, store, state, ["--no-tune", "--min-dwell", "3600"], ready_path="/healthz")
-    # A small synthetic profile: the plans get a predicted latency (noop's own is a few ms).
-    points = tuple(ProfilePoint(threads=t, batch=b, mean_ms=round(4.0 * b ** 0.8 / (1.6 if t == 2 else 1.0), 3))
-                   for t in (1, 2) for b in (1, 2, 4))
-    save_profile(Profile(model_id="synthetic", points=points), state / "profiles" / f"{MODEL}.json")
-    try:
-        server.management_client().register(MODEL, MODEL, 1)
-        ctl.start()
+    # runs (--min-dwell); tuning off: it would profile for minutes. The synthetic profile
+    # gives the plans a predicted latency.
+    with noop_with_controller(tiny_store, tmp_path_factory.mktemp("page"), MODEL,
+                              ["--no-tune", "--min-dwell", "3600"]) as (server, ctl):
         for plan in ([{"threads": 2, "batch": 1}], PLAN):  # two swaps: some history, the last one live
             r = requests.post(f"{ctl.url}/v1/models/{MODEL}/apply", json={"instances": plan},
                               headers=ctl.headers(), timeout=300)
@@ -61,9 +50,6 @@ def stack(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
             requests.post(f"{server.inference_url}/predictions/{MODEL}", data=f"page {i}".encode(),
                           headers=server.inference_headers(), timeout=60).raise_for_status()
         yield server, ctl
-    finally:
-        ctl.kill()
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -207,18 +193,9 @@ def test_status_page_shows_the_live_plan_only_with_the_key(stack, browser) -> No
 @pytest.fixture
 def lone_stack(tiny_store: Path, tmp_path: Path):
     """A TorchServe and controller of its own: the test below stops TorchServe."""
-    store = tmp_path / "store"
-    store.mkdir()
-    (store / MODEL).symlink_to(tiny_store / "noop", target_is_directory=True)
-    server = start_server(store, tmp_path / "ts")
-    ctl = ControllerProcess(server, store, tmp_path / "state", ["--no-tune", "--no-adapt"], ready_path="/healthz")
-    try:
-        server.management_client().register(MODEL, MODEL, 1)
-        ctl.start()
-        yield server, ctl
-    finally:
-        ctl.kill()
-        server.stop()
+    with noop_with_controller(tiny_store, tmp_path, MODEL, ["--no-tune", "--no-adapt"],
+                              profiled=False) as stack:
+        yield stack
 
 
 def test_healthz_is_503_when_torchserve_is_gone(lone_stack) -> None:
