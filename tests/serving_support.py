@@ -149,10 +149,19 @@ def noop_with_controller(tiny_store: Path, workdir: Path, model: str, controller
     store.mkdir(parents=True)
     state.mkdir(parents=True)
     (store / model).symlink_to(tiny_store / "noop", target_is_directory=True)
-    server = start_server(store, workdir / "ts")
-    ctl = ControllerProcess(server, store, state, controller_flags, ready_path="/healthz")
     if profiled:
         save_profile(synthetic_profile(), state / "profiles" / f"{model}.json")
+    server = start_server(store, workdir / "ts")
+    ctl = ControllerProcess(server, store, state, controller_flags, ready_path="/healthz")
+    with registered_with_controller(server, ctl, model) as stack:
+        yield stack
+
+
+@contextmanager
+def registered_with_controller(server: RunningServer, ctl: ControllerProcess,
+                               model: str) -> Iterator[tuple[RunningServer, ControllerProcess]]:
+    """Register `model` (one worker) on a started `server`, then start `ctl`; both are
+    stopped on the way out, also when registering or starting fails."""
     try:
         server.management_client().register(model, model, 1)
         ctl.start()

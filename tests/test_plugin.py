@@ -22,7 +22,7 @@ import requests
 from packrat.profile.store import save_profile
 from packrat.server import RunningServer, free_ports
 from packrat.types import Profile, ProfilePoint
-from serving_support import ControllerProcess, start_server
+from serving_support import ControllerProcess, registered_with_controller, start_server
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -58,13 +58,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
     server = start_server(store, tmp_path_factory.mktemp("plug-ts"),
                           extra_properties={"packrat_controller_url": f"http://127.0.0.1:{port}"})
     ctl = Controller(server, store, tmp_path_factory.mktemp("plug-state"), port)
-    try:
-        server.management_client().register(MODEL, MODEL, 1)
-        ctl.start()
-        yield server, ctl
-    finally:
-        ctl.kill()
-        server.stop()
+    with registered_with_controller(server, ctl, MODEL) as running:
+        yield running
 
 
 def via_plugin(server: RunningServer, method: str, path: str, body: object = None,
