@@ -306,14 +306,18 @@ def _retune_on_request_reuses_valid_profiles(server, ctl: Ctl) -> None:
     assert "fp32-torchscript" in out.stdout and "reused" in out.stdout
 
 
-@pytest.mark.parametrize("build_s, retried", [(30.0, True), (1.0, False)])
+@pytest.mark.parametrize("build_s, first_points, retried",
+                         [(30.0, (), True), (30.0, ((1, 1),), True), (1.0, (), False)])
 def test_a_mode_whose_cold_build_took_its_share_is_measured_again_last(
-        tmp_path: Path, tiny_store: Path, monkeypatch, build_s: float, retried: bool) -> None:
-    """int8-static's calibration can take a mode's whole share of the budget on 2 cores
-    (BERT-base in `make run`): no point is measured, but the build is cached by then.
-    Such a mode gets one more turn after the others, from the same budget; a mode whose
-    build was quick but which still measured nothing is not retried. The profiler is a
-    stand-in here: how long a cold build takes cannot be forced on a real one."""
+        tmp_path: Path, tiny_store: Path, monkeypatch, build_s: float,
+        first_points: tuple[tuple[int, int], ...], retried: bool) -> None:
+    """int8-static's calibration can take most of a mode's share of the budget on 2 cores
+    (BERT-base in `make run`): no point, or too few to plan at the tune's batch (run 8:
+    1 of 8, a batch-1 point that cannot serve B = 4 on 2 cores), is measured, but the
+    build is cached by then. Such a mode gets one more turn after the others, from the
+    same budget; a mode whose build was quick but which still measured nothing is not
+    retried. The profiler is a stand-in here: how long a cold build takes cannot be
+    forced on a real one."""
     import packrat.tune.run as tune_run
 
     calls: list[tuple[str, float]] = []
@@ -326,7 +330,8 @@ def test_a_mode_whose_cold_build_took_its_share_is_measured_again_last(
         if on_event is not None:
             on_event({"event": "ready", "mode": {"build_s": build_s if first else 0.5, "guard": None}})
         if mode == "fp32-torchscript" and first:
-            return Profile(archive.model_id, (), Fingerprint("cpu", 2, "glibc", "2.13.0", mode))
+            points = tuple(ProfilePoint(t, b, 4.0 * b) for t, b in first_points)
+            return Profile(archive.model_id, points, Fingerprint("cpu", 2, "glibc", "2.13.0", mode))
         prof = _profile(mode, 4.0 if mode == "fp32-torchscript" else 10.0)
         return replace(prof, model_id=archive.model_id)
 
@@ -344,6 +349,9 @@ def test_a_mode_whose_cold_build_took_its_share_is_measured_again_last(
         # The retry comes out of the same budget: the eager turn shared what was left with it.
         assert calls[1][1] <= 30.1
         assert result.plan.mode == "fp32-torchscript"  # measured after all, and the faster
+        # the second turn's profile replaced the first's
+        saved = json.loads((tmp_path / "state" / "profiles" / "m" / "fp32-torchscript.json").read_text())
+        assert len(saved["points"]) == 6
     else:
         assert order == ["fp32-torchscript", "fp32-eager"]
         assert modes["fp32-torchscript"]["state"] == "failed"

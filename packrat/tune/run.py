@@ -16,8 +16,9 @@
                timed within the mode's share of the budget ("profiling").
                The archive's own mode is measured last (it already serves and
                is usually the slowest), so a short budget cuts it first. A mode
-               whose build took half its share or more and left no point is
-               measured once more at the end (retry_after_cold_build).
+               whose build took half its share or more and left no point, or
+               none that plans at batch B, is measured once more at the end
+               (retry_after_cold_build).
 3. choose      packrat.plan.plans_per_mode over the modes' profiles for batch
                B; the archive's own mode is listed first and wins ties.
 
@@ -204,10 +205,21 @@ def _refused_before(previous: dict[str, Any] | None, mode: str, model_id: str,
 
 
 def retry_after_cold_build(first_turn: bool, built_s: list[float], share: float) -> bool:
-    """A mode that measured no point on its first turn is given one more (the tune's last,
-    from the same budget) when its worker got ready and building the mode took at least
-    half of its share: the build is in the build cache then, and the next load is quick."""
+    """A mode that measured nothing to plan with on its first turn (no point, or none that
+    makes a plan at the tune's batch) is given one more turn (the tune's last, from the
+    same budget) when its worker got ready and building the mode took at least half of
+    its share: the build is in the build cache then, and the next load is quick."""
     return first_turn and bool(built_s) and built_s[0] >= 0.5 * share
+
+
+def plans_at(profile: Profile, cores: int, batch: int) -> bool:
+    """Whether the profile has a realisable plan for `batch` on `cores` (what the choice needs)."""
+    if not profile.points:
+        return False
+    try:
+        return plans_per_mode([profile], cores, batch, realizable=True)[1] is not None
+    except (PlanError, ProfileError):
+        return False
 
 
 def _is_refusal(message: str) -> bool:
@@ -319,21 +331,24 @@ def tune_model(
             tracker.mode(mode, state=state, reason=msg[:2000], model_id=archive.model_id, fingerprint=fp,
                          duration_s=round(time.monotonic() - m_started, 1))
             continue
+        path = profile_file(state_dir, model, mode)
+        if prof.points:  # kept even without a plan at B: a retry that measures less does not lose it
+            save_profile(prof, path)
+            profiles[mode] = prof
+        if (not plans_at(prof, settings.cores, settings.batch)
+                and retry_after_cold_build(mode not in todo[:k], built_s, share)):
+            # Building the mode (int8-static calibration, say) took most of its share; the
+            # build is cached now, so a later turn loads it in seconds and measures.
+            todo.append(mode)
+            tracker.mode(mode, state="pending", why=(
+                f"building it took {built_s[0]:.0f} s of its {share:.0f} s share and left "
+                f"{len(prof.points)} point(s), no plan at batch {settings.batch}; measured again "
+                "from the build cache after the other modes, within the same budget"))
+            continue
         if not prof.points:
-            if retry_after_cold_build(mode not in todo[:k], built_s, share):
-                # Building the mode (int8-static calibration, say) took its share; the build
-                # is cached now, so a later turn loads it in seconds and measures.
-                todo.append(mode)
-                tracker.mode(mode, state="pending", why=(
-                    f"building it took {built_s[0]:.0f} s of its {share:.0f} s share; measured again "
-                    "from the build cache after the other modes, within the same budget"))
-                continue
             tracker.mode(mode, state="failed", reason="no point measured within its budget",
                          duration_s=round(time.monotonic() - m_started, 1))
             continue
-        path = profile_file(state_dir, model, mode)
-        save_profile(prof, path)
-        profiles[mode] = prof
         tracker.mode(mode, state="profiled", path=str(path), points=len(prof.points),
                      omitted=len([o for o in prof.extra.get("omitted", [])]),
                      duration_s=round(time.monotonic() - m_started, 1))
