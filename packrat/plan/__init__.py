@@ -1,7 +1,8 @@
 """The optimiser: pure functions from a profile to a plan (no torch, no HTTP, no files).
 
     plan(profile, cores, batch, *, rtol=0.0, cover=False) -> Plan   exact min–max 2-D knapsack
-    realizable_plan(profile, cores, batch)       best plan with one shared batch cap
+    realizable_plan(profile, cores, batch)       best plan with one shared batch cap; fat unless
+                                                 beaten beyond the profile's noise (confidence)
     plans_per_mode(profiles, cores, batch)       one plan per execution mode + the overall choice
     mode_candidates(profiles, cores, batch)      the re-plan policy's candidates across modes
     candidate_plans(profile, cores, batch)       the realisable plan, then the other uniform plans
