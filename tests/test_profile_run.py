@@ -156,3 +156,34 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
     assert not (tmp_path / "p.json").exists()
+
+
+def test_worker_batches_put_the_planned_cap_first():
+    from packrat.profile.runner import worker_batches
+
+    batches = [4, 8, 1, 2]  # tune_batches(8, 2, 8): the caps B = 8 needs, then the rest
+    assert worker_batches(batches, None, 2, 2) == batches
+    assert worker_batches(batches, 8, 2, 2) == [8, 4, 1, 2]  # fat: B itself first
+    assert worker_batches(batches, 8, 1, 2) == [4, 8, 1, 2]  # two 1-thread workers: B / 2
+    assert worker_batches([1, 2], 8, 2, 2) == [1, 2]  # a cap not in the list adds nothing
+
+
+@needs_two_cores
+def test_a_tune_profile_times_fat_at_its_batch_first(tmp_path):
+    """With plan_batch, each worker starts at the cap its widest plan needs: a budget that
+    runs short then omits what the choice at B does not need (GPT-2 in a 40 s tune omitted
+    fat at B = 8 before; docs/profiler.md)."""
+    from packrat.profile import ProfileSettings, run_profile
+
+    ref = open_archive(make_tiny_archive(tmp_path / "tiny"))
+    starts: dict[int, list[int]] = {}
+
+    def on_event(ev: dict) -> None:
+        if ev.get("event") == "start":
+            starts.setdefault(ev["threads"], []).append(ev["batch"])
+
+    settings = ProfileSettings(cores=2, max_batch=4, point_budget_s=0.3, batches=(2, 4, 1),
+                               plan_batch=4, corun=False)
+    profile = run_profile(ref, settings, progress=False, on_event=on_event)
+    assert starts == {1: [2, 4, 1], 2: [4, 2, 1]}
+    assert {(p.threads, p.batch) for p in profile.points} == {(t, b) for t in (1, 2) for b in (1, 2, 4)}

@@ -23,8 +23,12 @@ in proportion to 1/t (a 1-thread instance is roughly t times slower than a
 t-thread one, so it needs the larger share); time a worker does not use goes
 to the next ones. Inside a worker, batch sizes run smallest first, so when a
 budget runs out it is the largest batches that are omitted — those the
-optimiser can still reach by composing smaller ones. Omitted points are listed
-with the reason, never estimated.
+optimiser can still reach by composing smaller ones. A tune orders them itself
+(the caps its batch B needs first) and names B (`plan_batch`): each t-thread
+worker then starts at the cap of a plan of T // t such workers, so fat's own
+figure at B, the one the optimiser's noise guard compares every plan with, is
+the T-thread worker's first. Omitted points are listed with the reason, never
+estimated.
 """
 
 from __future__ import annotations
@@ -68,6 +72,11 @@ class ProfileSettings:
     # Batch sizes in the order to measure them; None: batch_sizes(max_batch), smallest first.
     # A tune puts the caps its batch needs first, so a short budget cuts the others.
     batches: tuple[int, ...] | None = None
+    # The load batch B a tune profiles for (None: none). Each t-thread worker then times
+    # first the cap a plan of T // t such workers needs, ceil(B / (T // t)) (for t = T,
+    # fat's own B: the figure the optimiser's noise guard compares every plan with),
+    # then `batches` in their order (worker_batches).
+    plan_batch: int | None = None
     # Co-run figures for every uniform shape <T // t, t> with at least 2 instances, within
     # the same budget (corun_share of it) and the same stop rule per point.
     corun: bool = True
@@ -90,6 +99,14 @@ class ProfileSettings:
             raise ConfigError(f"batches must be >= 1, got {self.batches}")
         if self.scope not in SCOPES:
             raise ConfigError(f"--scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
+
+
+def worker_batches(batches: list[int], plan_batch: int | None, threads: int, cores: int) -> list[int]:
+    """The order a `threads`-thread worker times `batches` in (see ProfileSettings.plan_batch)."""
+    if plan_batch is None:
+        return list(batches)
+    first = -(-plan_batch // max(1, cores // threads))
+    return ([first] if first in batches else []) + [b for b in batches if b != first]
 
 
 def batch_sizes(max_batch: int) -> list[int]:
@@ -286,7 +303,7 @@ def run_profile(
                 "config": archive.config,
                 "threads": t,
                 "cores": cores[:t],
-                "batches": batches,
+                "batches": worker_batches(batches, settings.plan_batch, t, settings.cores),
                 "scope": settings.scope,
                 "rule": rule,
                 "budget_s": budget,
@@ -301,7 +318,8 @@ def run_profile(
                 weights = [1.0 / tt for _, tt in shapes[k:]]
                 budget = max(0.0, remaining) * weights[0] / sum(weights)
             base_job = {"archive_dir": str(archive.directory), "config": archive.config, "threads": t,
-                        "batches": batches, "scope": settings.scope, "rule": rule}
+                        "batches": worker_batches(batches, settings.plan_batch, t, settings.cores),
+                        "scope": settings.scope, "rule": rule}
 
             def on_corun(b: int, point: ProfilePoint | None, reason: str | None, i: int = i, t: int = t) -> None:
                 corun_pending.discard((i, t, b))

@@ -320,7 +320,8 @@ def tune_model(
         psettings = ProfileSettings(
             cores=settings.cores, max_batch=settings.profile_max_batch, budget_s=share,
             point_budget_s=settings.point_budget_s,
-            batches=tune_batches(settings.batch, settings.cores, settings.profile_max_batch))
+            batches=tune_batches(settings.batch, settings.cores, settings.profile_max_batch),
+            plan_batch=settings.batch)
         try:
             prof = run_profile(archive_in_mode(archive, mode), psettings, progress=False,
                                on_update=on_update, on_event=on_event,
