@@ -94,14 +94,21 @@ class Profile:
         approximation for shapes that were not co-run, mixed plans included), else
         the isolated figure (an isolated-only profile).
         """
-        iso = self.latency(threads, batch)
-        if instances <= 1:
-            return iso
-        for p in self.corun:
-            if p.instances == instances and p.threads == threads and p.batch == batch:
-                return p.mean_ms
-        factor = self.corun_factor(instances)
-        return iso * factor if iso is not None and factor is not None else iso
+        found = self.instance_point(threads, batch, instances)
+        return None if found is None else found[0].mean_ms * found[1]
+
+    def instance_point(self, threads: int, batch: int, instances: int = 1) -> tuple[ProfilePoint, float] | None:
+        """The point instance_latency reads and the factor it scales it by (1.0 unless an
+        isolated point stands in for a shape that was not co-run); None: not profiled."""
+        if instances > 1:
+            for p in self.corun:
+                if p.instances == instances and p.threads == threads and p.batch == batch:
+                    return p, 1.0
+        for p in self.points:
+            if p.threads == threads and p.batch == batch:
+                factor = self.corun_factor(instances) if instances > 1 else None
+                return p, (factor if factor is not None else 1.0)
+        return None
 
 
 @dataclass(frozen=True)

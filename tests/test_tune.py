@@ -313,7 +313,7 @@ def test_a_mode_whose_cold_build_took_its_share_is_measured_again_last(
         first_points: tuple[tuple[int, int], ...], retried: bool) -> None:
     """int8-static's calibration can take most of a mode's share of the budget on 2 cores
     (BERT-base in `make run`): no point, or too few to plan at the tune's batch (run 8:
-    1 of 8, a batch-1 point that cannot serve B = 4 on 2 cores), is measured, but the
+    1 of 8, no plan at B = 8; here a batch-1 point, which cannot serve B = 4 on 2 cores), is measured, but the
     build is cached by then. Such a mode gets one more turn after the others, from the
     same budget; a mode whose build was quick but which still measured nothing is not
     retried. The profiler is a stand-in here: how long a cold build takes cannot be

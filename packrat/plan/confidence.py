@@ -53,15 +53,8 @@ def figure(profile: Profile, threads: int, batch: int, instances: int = 1) -> Fi
 
     None: no such point, or a point without a count (an external table).
     """
-    if instances > 1:
-        for p in profile.corun:
-            if p.instances == instances and p.threads == threads and p.batch == batch:
-                return _figure(p)
-    for p in profile.points:
-        if p.threads == threads and p.batch == batch:
-            factor = profile.corun_factor(instances) if instances > 1 else None
-            return _figure(p, factor if factor is not None else 1.0)
-    return None
+    found = profile.instance_point(threads, batch, instances)
+    return None if found is None else _figure(*found)
 
 
 def faster(a: Figure, b: Figure) -> bool:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from packrat.errors import ConfigError, PlanError, ProfileError
-from packrat.plan import plans_per_mode
+from packrat.plan import plans_per_mode, realizable_plan
 from packrat.profile import ProfileSettings, open_archive, run_profile, save_profile
 from packrat.profile.fingerprint import config_in_mode, current_fingerprint
 from packrat.profile.identity import archive_in_mode
@@ -217,9 +217,10 @@ def plans_at(profile: Profile, cores: int, batch: int) -> bool:
     if not profile.points:
         return False
     try:
-        return plans_per_mode([profile], cores, batch, realizable=True)[1] is not None
+        realizable_plan(profile, cores, batch)
     except (PlanError, ProfileError):
         return False
+    return True
 
 
 def _is_refusal(message: str) -> bool:
