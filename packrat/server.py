@@ -44,6 +44,7 @@ import requests
 from packrat import forkserver
 from packrat.apply.keys import KEY_FILE_NAME, Keys, read_keys
 from packrat.errors import ServerError, TorchServeError
+from packrat.tslog import with_log_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO_ROOT / "config.properties"
@@ -396,6 +397,7 @@ def start_torchserve(
     ]
     if models:
         cmd += ["--models", *models]
+    cmd = with_log_config(cmd, child_env)  # packrat/log4j2.xml: no per-request log lines
     out_path = workdir / "torchserve.out"
     out_offset = out_path.stat().st_size if out_path.exists() else 0
     out = open(out_path, "ab")

@@ -27,8 +27,9 @@ model is loaded (so the model's pools and memory start on the right cores).
 
 Every worker whose handler calls claim_and_pin() (with or without a plan)
 also keeps a small status file, `<slot dir>/workers/<pid>.json`: its slot,
-cores and threads, the thread settings it actually runs with, and how many
-batches it has started and finished. The controller reads it for two things
+cores and threads, the thread settings it actually runs with (as of its start-up
+report), and beside it `<pid>.live`, how many batches it has started and
+finished (a mapped file updated in place: packrat/worker_counters.py). The controller reads it for two things
 TorchServe's API does not tell: that a worker is pinned as planned, and
 whether it still has a batch in flight (TorchServe 0.12 reports only
 READY/UNLOADING per worker).
@@ -60,6 +61,7 @@ from typing import Any
 
 from packrat.cpulist import cpus_allowed_list, parse_cpu_list  # noqa: F401 - re-exported for readers of slots
 from packrat.errors import ConfigError
+from packrat.worker_counters import LiveCounters, read_counters
 
 # Pool sizes that the numeric libraries read from the environment when they
 # start: OpenMP (torch's intra-op pool), MKL, OpenBLAS (numpy/scipy) and Rayon
@@ -267,6 +269,11 @@ def worker_status_path(pid: int) -> Path:
     return slot_root() / "workers" / f"{pid}.json"
 
 
+def worker_counters_path(pid: int) -> Path:
+    """The worker's batch counters, updated in place (packrat/worker_counters.py)."""
+    return slot_root() / "workers" / f"{pid}.live"
+
+
 def parse_slots(packrat_cfg: dict[str, Any]) -> list[tuple[tuple[int, ...], int]]:
     slots = packrat_cfg.get("slots")
     if not isinstance(slots, list) or not slots:
@@ -322,6 +329,8 @@ class _WorkerStatus:
         secure_dir(self.path.parent)
         self.started = 0
         self.done = 0
+        # Per batch only these change: kept in a mapped file, not by rewriting the JSON.
+        self.counters = LiveCounters(worker_counters_path(os.getpid()))
         # Observed once, right after pinning: reading every thread's /proc entry
         # costs ~0.05 ms per thread, twice per batch if it were done in write().
         self.settings = observed_settings()
@@ -360,11 +369,11 @@ class _WorkerStatus:
 
     def batch_started(self) -> None:
         self.started += 1
-        self.write(busy=True)
+        self.counters.store(self.started, self.done, busy=True)
 
     def batch_done(self) -> None:
         self.done += 1
-        self.write(busy=False)
+        self.counters.store(self.started, self.done, busy=False)
 
     @property
     def in_flight(self) -> bool:
@@ -407,6 +416,8 @@ def read_worker_status(pid: int) -> dict[str, Any] | None:
     """The status record of worker `pid`, or None if it has none (yet).
 
     Only a regular file of this user counts (opened without following a symlink).
+    started, done, busy and time come from the worker's counter file when it has
+    one (updated every batch; the JSON only when the worker starts and reports).
     """
     try:
         fd = os.open(worker_status_path(pid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -420,7 +431,10 @@ def read_worker_status(pid: int) -> dict[str, Any] | None:
             record = json.loads(f.read(1_000_000))
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and record.get("pid") == pid else None
+    if not isinstance(record, dict) or record.get("pid") != pid:
+        return None
+    counters = read_counters(worker_counters_path(pid))
+    return record if counters is None else {**record, **counters}
 
 
 def _track_batches() -> None:

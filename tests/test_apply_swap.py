@@ -33,6 +33,7 @@ import pytest
 
 from packrat.apply import versions
 from packrat.apply.swap import SwapSettings, Swapper, check_workers
+from packrat.worker_counters import read_counters
 from packrat.bench.loadcheck import ContinuousLoad
 from packrat.errors import SwapError
 from packrat.types import Instance, Plan
@@ -90,8 +91,10 @@ def kernel_affinities(pid: int) -> set[frozenset[int]]:
 
 
 def worker_report(server, pid: int) -> dict:
-    """The status file the worker itself wrote, read from the server's slot dir."""
-    return json.loads((server.slot_dir / "workers" / f"{pid}.json").read_text())
+    """The status file the worker itself wrote, with its batch counters, read from the
+    server's slot dir."""
+    record = json.loads((server.slot_dir / "workers" / f"{pid}.json").read_text())
+    return {**record, **(read_counters(server.slot_dir / "workers" / f"{pid}.live") or {})}
 
 
 def assert_as_planned(server, client, store: Path, model: str) -> list:

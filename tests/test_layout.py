@@ -22,6 +22,8 @@ FLOORS: dict[str, int] = {
     "packrat.types": 0,  # frozen values that cross stage boundaries
     "packrat.errors": 1,  # the one exception tree (SwapError carries a types.SwapRecord)
     "packrat.cpulist": 1,  # the kernel's CPU list format (slots and cores read it)
+    "packrat.worker_counters": 1,  # a worker's batch counters, a mapped file (slots writes, apply reads via slots)
+    "packrat.tslog": 1,  # which log4j2 file TorchServe's frontend starts with (server, forkserver)
     "packrat.slots": 2,  # worker side: runs inside TorchServe's worker and the profiler's
     "packrat.archive": 2,  # building model archives
     "packrat.forkserver": 2,  # processes forked from a warm interpreter (TorchServe's workers, the profiler's)

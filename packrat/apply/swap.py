@@ -323,6 +323,7 @@ def _forget_worker_status(pids: list[int]) -> None:
     """Delete the status files of workers that are gone (they would pile up otherwise)."""
     for pid in pids:
         slots.worker_status_path(pid).unlink(missing_ok=True)
+        slots.worker_counters_path(pid).unlink(missing_ok=True)
 
 
 # -- the swap ------------------------------------------------------------------

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from packrat.forkserver import enabled, write_shim
+from packrat.tslog import with_log_config
 
 _SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
 
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--"]:
         args = args[1:]
+    if "--start" in args:
+        args = with_log_config(args)  # packrat/log4j2.xml unless the caller chose one
     if "--start" not in args or not enabled():  # --stop, --version, --help: TorchServe's own
         _run_torchserve(args)
         return

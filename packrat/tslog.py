@@ -1,0 +1,67 @@
+"""Which log configuration TorchServe's frontend starts with.
+
+TorchServe 0.12's built-in log4j2 configuration logs its own classes at debug and
+writes each line up to three times (ts_log.log twice, the console once), about ten
+lines per request. Packrat starts the frontend with `packrat/log4j2.xml` instead:
+the same files, each line once, no per-request lines but the access log's. On the
+2-core EPYC that took 0.3–1.4 ms off the no-op round trip (docs/live-plans.md,
+"TorchServe's own cost").
+
+A caller who chose a configuration keeps it: an explicit `--log-config`, a
+`-Dlog4j.configurationFile` in the ts-config's `vmargs` (TorchServe's launcher would
+drop that one in favour of `--log-config`), or the environment variable below.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LOG_CONFIG = Path(__file__).with_name("log4j2.xml")
+# A path to another log4j2 file, or "torchserve" for TorchServe's built-in configuration
+# (debug lines for every request: useful when following one through the frontend).
+ENV = "PACKRAT_TS_LOG_CONFIG"
+BUILT_IN = "torchserve"
+
+
+def chosen_log_config(env: dict[str, str] | None = None) -> Path | None:
+    """The file to hand TorchServe's launcher, or None for TorchServe's built-in."""
+    value = (os.environ if env is None else env).get(ENV, "").strip()
+    if value == BUILT_IN:
+        return None
+    path = Path(value) if value else LOG_CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"{ENV}={value}: no such file (a log4j2 XML file, or '{BUILT_IN}')")
+    return path.resolve()
+
+
+def sets_log_config(ts_config: Path | None) -> bool:
+    """True when the ts-config's vmargs name a log4j configuration file."""
+    if ts_config is None or not Path(ts_config).is_file():
+        return False
+    for line in Path(ts_config).read_text().splitlines():
+        key, _, value = line.strip().partition("=")
+        if key.strip() == "vmargs" and "-Dlog4j.configurationFile=" in value:
+            return True
+    return False
+
+
+def with_log_config(args: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """`torchserve` arguments with `--log-config` added unless the caller chose one."""
+    if "--log-config" in args or any(a.startswith("--log-config=") for a in args):
+        return args
+    env = os.environ if env is None else env
+    ts_config = env.get("TS_CONFIG_FILE") or _value_of(args, "--ts-config")
+    if sets_log_config(Path(ts_config) if ts_config else None):
+        return args
+    path = chosen_log_config(env)
+    return args if path is None else [*args, "--log-config", str(path)]
+
+
+def _value_of(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None

@@ -1,0 +1,71 @@
+"""TorchServe's frontend starts with packrat/log4j2.xml unless the caller chose a log
+configuration; with it, a request leaves one access-log line and nothing in ts_log or
+model_log, and Prometheus still gets the latency counters the controller reads."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import requests
+
+from packrat.tslog import ENV, LOG_CONFIG, with_log_config
+from serving_support import ensure_registered
+
+START = ["--start", "--foreground", "--ts-config"]
+
+
+def test_packrat_log_config_is_added(tmp_path: Path) -> None:
+    conf = tmp_path / "config.properties"
+    conf.write_text("inference_address=http://127.0.0.1:1\n")
+    args = with_log_config([*START, str(conf)], env={})
+    assert args[-2:] == ["--log-config", str(LOG_CONFIG.resolve())]
+    assert LOG_CONFIG.is_file()
+
+
+def test_a_chosen_log_config_is_kept(tmp_path: Path) -> None:
+    conf = tmp_path / "config.properties"
+    conf.write_text("# vmargs=-Dlog4j.configurationFile=commented.xml\n")
+    mine = tmp_path / "mine.xml"
+    mine.write_text("<Configuration/>")
+    # Explicit flag, in either spelling.
+    for flag in (["--log-config", str(mine)], [f"--log-config={mine}"]):
+        assert with_log_config([*START, str(conf), *flag], env={}) == [*START, str(conf), *flag]
+    # The environment names another file, or TorchServe's built-in configuration.
+    assert with_log_config([*START, str(conf)], env={ENV: str(mine)})[-1] == str(mine.resolve())
+    assert with_log_config([*START, str(conf)], env={ENV: "torchserve"}) == [*START, str(conf)]
+    with pytest.raises(FileNotFoundError, match=ENV):
+        with_log_config([*START, str(conf)], env={ENV: str(tmp_path / "missing.xml")})
+    # vmargs naming a log4j file: TorchServe's launcher would drop it for --log-config.
+    conf.write_text(f"vmargs=-Xmx1g -Dlog4j.configurationFile=file://{mine}\n")
+    assert with_log_config([*START, str(conf)], env={}) == [*START, str(conf)]
+    assert with_log_config(["--start"], env={"TS_CONFIG_FILE": str(conf)}) == ["--start"]
+
+
+@pytest.mark.torchserve
+def test_requests_leave_only_the_access_log_line(torchserve) -> None:
+    ensure_registered(torchserve, "noop")
+    url = f"{torchserve.inference_url}/predictions/noop"
+    headers = torchserve.inference_headers()
+    logs = torchserve.log_dir
+    before = len((logs / "access_log.log").read_text().splitlines())
+    for i in range(20):
+        r = requests.post(url, data=f"log line {i}".encode(), headers=headers, timeout=60)
+        assert r.status_code == 200, r.text
+    access = (logs / "access_log.log").read_text().splitlines()[before:]
+    assert sum('"POST /predictions/noop' in line for line in access) >= 20
+    ts_log = (logs / "ts_log.log").read_text()
+    model_log = (logs / "model_log.log").read_text()
+    # TorchServe's built-in configuration writes these for every request or batch.
+    for per_request in ("Backend response time", "Looping backend response", "result=[METRICS]"):
+        assert per_request not in ts_log
+    assert "Backend received inference" not in model_log
+    # Start-up and worker lifecycle are still there, each line once (the built-in
+    # configuration writes org.pytorch.serve's lines twice into ts_log).
+    assert "Model server started" in (torchserve.workdir / "torchserve.out").read_text() + ts_log
+    lines = [re.sub(r"^\S+ ", "", line) for line in ts_log.splitlines() if "org.pytorch.serve" in line]
+    assert lines and not any(a == b for a, b in zip(lines, lines[1:]))
+    # The counters the controller's observer reads come from the frontend, not the logs.
+    metrics = requests.get(f"{torchserve.metrics_url}/metrics", timeout=30).text
+    assert re.search(r'ts_inference_latency_microseconds\{model_name="noop"', metrics)
