@@ -103,8 +103,8 @@ def main() -> int:
                         cpu0, bytes0 = java_cpu_ms(workdir.resolve()), log_bytes(workdir)
                         res = closed_loop(target, clients=1, requests_count=args.requests, warmup=0,
                                           max_duration_s=300)
-                        n = res.summary()["ok"] or 1
                         s = res.summary()
+                        n = s["ok"] or 1
                         results.add(run=run, kind="point", round=r, config=config, model=name if name == "noop" else text,
                                     mode=args.mode if name == "text" else "-", p50_ms=s["p50_ms"], mean_ms=s["mean_ms"],
                                     p99_ms=s["p99_ms"], ok=s["ok"], errors=s["errors"],

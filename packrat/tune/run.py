@@ -207,8 +207,8 @@ def _refused_before(previous: dict[str, Any] | None, mode: str, model_id: str,
 
 def retry_after_cold_build(first_turn: bool, built_s: list[float], share: float) -> bool:
     """A mode that measured nothing to choose a plan with on its first turn (no point, none
-    that makes a plan at the tune's batch, or only fat's: judged_at) is given one more turn (the tune's last, from the
-    same budget) when its worker got ready and building the mode took at least half of
+    that makes a plan at the tune's batch, or only fat's: judged_at) is given one more
+    turn (the tune's last, from the same budget) when its worker got ready and building the mode took at least half of
     its share: the build is in the build cache then, and the next load is quick."""
     return first_turn and bool(built_s) and built_s[0] >= 0.5 * share
 
@@ -225,13 +225,11 @@ def plans_at(profile: Profile, cores: int, batch: int) -> bool:
 
 
 def judged_at(profile: Profile, cores: int, batch: int) -> bool:
-    """Whether the profile plans `batch` from more than fat's point alone: some other
-    realisable shape was measured at B too. A mode whose cold build left only fat's
-    point (BERT-base int8s-openvino in `make run` run 10: fat 189 ms, so planned fat;
-    run 9's second turn measured its thin plan at 153 ms) would otherwise be chosen or
-    dropped unjudged."""
-    return plans_at(profile, cores, batch) and any(
-        not is_fat(p) for p in uniform_candidates(profile, cores, batch))
+    """Whether some realisable shape other than fat's was measured at `batch`. A mode
+    whose cold build left only fat's point (BERT-base int8s-openvino in `make run` run
+    10: fat 189 ms, so planned fat; run 9's second turn measured its thin plan at
+    153 ms) would otherwise be chosen or dropped unjudged."""
+    return any(not is_fat(p) for p in uniform_candidates(profile, cores, batch))
 
 
 def _is_refusal(message: str) -> bool:
@@ -348,15 +346,16 @@ def tune_model(
         if prof.points:  # kept even without a plan at B: a retry that measures less does not lose it
             save_profile(prof, path)
             profiles[mode] = prof
-        if (not judged_at(prof, settings.cores, settings.batch)
-                and retry_after_cold_build(mode not in todo[:k], built_s, share)):
+        has_plan = plans_at(prof, settings.cores, settings.batch)
+        if (retry_after_cold_build(mode not in todo[:k], built_s, share)
+                and not (has_plan and judged_at(prof, settings.cores, settings.batch))):
             # Building the mode (int8-static calibration, say) took most of its share; the
             # build is cached now, so a later turn loads it in seconds and measures.
             todo.append(mode)
             tracker.mode(mode, state="pending", why=(
                 f"building it took {built_s[0]:.0f} s of its {share:.0f} s share and left "
                 f"{len(prof.points)} point(s), "
-                f"{'only fat' if plans_at(prof, settings.cores, settings.batch) else 'no plan'} at batch "
+                f"{'only fat' if has_plan else 'no plan'} at batch "
                 f"{settings.batch}; measured again "
                 "from the build cache after the other modes, within the same budget"))
             continue
