@@ -394,7 +394,10 @@ def _body(model: str) -> tuple[bytes, str]:
 def bench_torchserve(model: str, mode: str, batches: list[int], results: Results, run: str,
                      workdir: Path, requests_per_b: int, body: bytes | None = None,
                      ctype: str = "text/plain", shapes=("fat", "thin"), max_length: int | None = None,
-                     label: str = "torchserve") -> None:
+                     label: str = "torchserve", warm_s: float = 0.0) -> None:
+    """`warm_s`: seconds of load sent to each model before its measured requests, so the
+    frontend's JIT compiler has settled (TorchServe's JVM compiles its request path over
+    its first few thousand requests, on the cores the worker needs)."""
     from packrat.server import start_torchserve
     from packrat.bench.loadgen import Target, closed_loop
 
@@ -437,10 +440,12 @@ def bench_torchserve(model: str, mode: str, batches: list[int], results: Results
             client.register(name, name, 1 if shape == "fat" else len(cores), timeout_s=900)
             target = Target(url=f"{server.inference_url}/predictions/{name}", body=body,
                             content_type=ctype, token=token)
+            if warm_s > 0:
+                closed_loop(target, clients=b, requests_count=10**9, warmup=0, max_duration_s=warm_s)
             res = closed_loop(target, clients=b, requests_count=max(requests_per_b, 2 * b),
                               warmup=2 * b, max_duration_s=300)
             ok_ms = [r.latency_ms for r in res.records if r.ok]
-            results.add(run=run, kind=label, model=model, mode=mode, batch=b, shape=shape,
+            results.add(run=run, kind=label, model=model, mode=mode, batch=b, shape=shape, warm_s=warm_s,
                         min_ms=round(min(ok_ms), 3) if ok_ms else None,
                         **{k: v for k, v in res.summary().items() if k != "mode"})
             client.unregister(name, "1.0")

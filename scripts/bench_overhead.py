@@ -11,7 +11,13 @@
    (one 1-thread worker per core, cap 8 / cores), 8 closed-loop clients.
    Target: through TorchServe <= 1.25x in process.
 
-In-process points are measured before and after the TorchServe ones (the machine may
+Each TorchServe point is measured after --warm-s seconds of the same load (default 30):
+TorchServe's JVM compiles its request path over its first few thousand requests, and on
+a small machine its compiler threads take cores from the worker (on the 2-core EPYC, 2
+warm-up requests left C1/C2 at 45 % of the frontend's CPU during the measured ones).
+
+In-process points are measured in a child process each (never in the process that
+sends the TorchServe requests), before and after the TorchServe ones (the machine may
 drift); every row goes to --out (JSONL) as it lands; --report renders the markdown.
 
     python scripts/bench_overhead.py --out bench-out/overhead.jsonl
@@ -21,7 +27,6 @@ drift); every row goes to --out (JSONL) as it lands; --report renders the markdo
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 import tempfile
@@ -34,8 +39,22 @@ from bench_modes import (  # noqa: E402
 )
 
 
-def in_process(model: str, mode: str, batch: int, seconds: float, results: Results, run: str,
-               store: Path, when: str, max_length: int | None = None) -> bytes:
+def in_process(*args, **kwargs) -> bytes:
+    """measure_in_process() in a process of its own that exits after it: a runtime loaded in
+    the process that then sends the TorchServe requests slows them (on the 2-core EPYC an
+    OpenVINO model loaded beside the client took DistilBERT's p50 through TorchServe from
+    7.6 to 9.7 ms, and 9.1 ms after it was deleted: its thread pool stays)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(measure_in_process, args, kwargs)
+
+
+def measure_in_process(model: str, mode: str, batch: int, seconds: float, results: Results, run: str,
+                       store: Path, when: str, max_length: int | None = None) -> bytes:
+    import torch
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
     archive = build_archive(model, store, f"{model}-inproc", max_length=max_length)
     task = load_mode(archive, mode)
     requests = task.sample_requests(batch)
@@ -48,7 +67,7 @@ def in_process(model: str, mode: str, batch: int, seconds: float, results: Resul
                     threads=task.runner.threads,
                     **time_calls(lambda: task.forward(prepared), seconds, min_reps=20, max_reps=10**9,
                                  gap_s=GAP_S))
-    return requests[0]["body"]  # the task goes with this frame (the caller collects)
+    return requests[0]["body"]
 
 
 # A served worker idles between requests for about TorchServe's round trip (the no-op's
@@ -63,6 +82,9 @@ def main() -> int:
     parser.add_argument("--mode", default="bf16-openvino", help="execution mode of both models")
     parser.add_argument("--seconds", type=float, default=8.0, help="per in-process point")
     parser.add_argument("--requests", type=int, default=200, help="measured requests per TorchServe point")
+    parser.add_argument("--warm-s", type=float, default=30.0,
+                        help="seconds of load before each TorchServe point (0: as before 2026-12-04, "
+                             "the frontend's JIT still compiling while measured)")
     parser.add_argument("--text-model", default="distilbert", help="e.g. tiny-distilbert for a smoke run")
     parser.add_argument("--image-model", default="resnet50", help="e.g. tiny-resnet for a smoke run")
     parser.add_argument("--out", type=Path, default=Path("bench-out/overhead.jsonl"))
@@ -86,17 +108,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         tmp = Path(tmp)
         bench_torchserve("noop", "fp32-eager", [1], results, run, tmp / "ts-noop", args.requests,
-                         b'{"x": 1}', "application/json", shapes=("fat",), label="torchserve")
+                         b'{"x": 1}', "application/json", shapes=("fat",), label="torchserve",
+                         warm_s=args.warm_s)
         text, image = args.text_model, args.image_model
         body = in_process(text, args.mode, 1, args.seconds, results, run, tmp / "store", "before", max_length=8)
         bench_torchserve(text, args.mode, [1], results, run, tmp / "ts-text", args.requests,
-                         body, "text/plain", shapes=("fat",), max_length=8, label="torchserve")
-        gc.collect()
+                         body, "text/plain", shapes=("fat",), max_length=8, label="torchserve",
+                         warm_s=args.warm_s)
         in_process(text, args.mode, 1, args.seconds, results, run, tmp / "store", "after", max_length=8)
         in_process(image, args.mode, 8, args.seconds, results, run, tmp / "store", "before")
         body, ctype = _body(image)
         bench_torchserve(image, args.mode, [8], results, run, tmp / "ts-image", args.requests // 2,
-                         body, ctype, label="torchserve")
+                         body, ctype, label="torchserve", warm_s=args.warm_s)
         in_process(image, args.mode, 8, args.seconds, results, run, tmp / "store", "after")
     return 0
 
@@ -110,7 +133,8 @@ def render(path: Path) -> str:
             lines.append(f"| {r['model']} | {r['batch']} | {where} | {r['p50_ms']} | {r['min_ms']} | "
                          f"{r['reps']} | {r['load_avg_1m']} |")
         elif r["kind"] == "torchserve":
-            lines.append(f"| {r['model']} | {r['batch']} | TorchServe {r['shape']} ({r['mode']}) | "
+            warmed = f", after {r['warm_s']:g} s of load" if r.get("warm_s") else ""
+            lines.append(f"| {r['model']} | {r['batch']} | TorchServe {r['shape']} ({r['mode']}{warmed}) | "
                          f"{r.get('p50_ms')} | {r.get('min_ms')} | {r.get('ok', r.get('requests'))} | "
                          f"{r['load_avg_1m']} |")
     lines += ["", *targets(run)]
