@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from packrat.plan import plans_per_mode
+import pytest
+
+from packrat.errors import PlanError
+from packrat.plan import MODE_MARGIN, plans_per_mode
 from packrat.profile.store import save_profile
 from packrat.types import Fingerprint, Profile, ProfilePoint
 
@@ -45,6 +48,28 @@ def test_ties_go_to_the_first_profile_and_unplannable_modes_are_reported() -> No
     assert best is None and all(m.plan is None and m.reason for m in per_mode)
 
 
+def test_a_later_mode_must_beat_an_earlier_one_by_more_than_the_margin() -> None:
+    # make run 11: GPT-2's own fp32-eager 2258 ms, bf16-eager 2236 ms (1 % faster, noise)
+    own = _profile("fp32-eager", 10.0, 1.0)  # 21 ms at B = 4
+    near = _profile("bf16-eager", 10.0, 0.5)  # 20.5 ms: 2.4 % faster
+    far = _profile("bf16-openvino", 9.0, 1.0)  # 19 ms: 9.5 % faster
+    _, best = plans_per_mode([own, near], cores=2, batch=4, margin=MODE_MARGIN)
+    assert best.mode == "fp32-eager"
+    _, best = plans_per_mode([own, near], cores=2, batch=4)  # no margin: the fastest
+    assert best.mode == "bf16-eager"
+    _, best = plans_per_mode([own, near, far], cores=2, batch=4, margin=MODE_MARGIN)
+    assert best.mode == "bf16-openvino"
+    # The order is the preference: listed first, the near mode is kept over the own one.
+    _, best = plans_per_mode([near, own], cores=2, batch=4, margin=MODE_MARGIN)
+    assert best.mode == "bf16-eager"
+    # Within the margin of the fastest, the earlier of two later modes wins too.
+    _, best = plans_per_mode([own, far, _profile("int8s-openvino", 8.9, 0.9)], cores=2, batch=4,
+                             margin=MODE_MARGIN)
+    assert best.mode == "bf16-openvino"
+    with pytest.raises(PlanError):
+        plans_per_mode([own], cores=2, batch=4, margin=1.5)
+
+
 def test_packrat_plan_with_several_profiles(tmp_path: Path) -> None:
     paths = []
     for mode, per_item, overhead in (("fp32-eager", 10.0, 1.0), ("int8-torchscript", 6.0, 1.0),
@@ -64,3 +89,16 @@ def test_packrat_plan_with_several_profiles(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "choice    bf16-openvino: 8.000 ms" in r.stdout
     assert r.stdout.count("\n  fp32-eager") == 1
+
+
+def test_packrat_plan_says_why_a_slower_mode_is_kept(tmp_path: Path) -> None:
+    paths = []
+    for mode, per_item, overhead in (("fp32-eager", 10.0, 1.0), ("bf16-eager", 10.0, 0.5)):
+        path = tmp_path / f"{mode}.json"
+        save_profile(_profile(mode, per_item, overhead), path)
+        paths += ["--profile", str(path)]
+    cmd = [sys.executable, "-m", "packrat.cli", "plan", *paths, "--cores", "2", "--batch", "4"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "choice    fp32-eager: 21.000 ms" in r.stdout
+    assert "kept before bf16-eager (20.500 ms), which is not more than 3% faster" in r.stdout

@@ -30,12 +30,13 @@ from packrat.plan.knapsack import (
     realizable_gap,
     realizable_plan,
 )
-from packrat.plan.modes import ModePlan, mode_candidates, plans_per_mode
+from packrat.plan.modes import MODE_MARGIN, ModePlan, mode_candidates, plans_per_mode
 
 # `plan` is the name the design uses for the pure decision function.
 plan = optimal_plan
 
 __all__ = [
+    "MODE_MARGIN",
     "ModePlan",
     "candidate_plans",
     "every_uniform_plan",

@@ -9,7 +9,7 @@ native bf16, a runtime only where it imports) and the task can run it
 or IPEX; int8s — int8-static, calibrated — only on ONNX Runtime and OpenVINO,
 with its quantisation tool importable, on a CPU with VNNI or AMX int8, and
 never for text-generation). The archive's own mode always comes first: it is what serves until
-a faster mode is found, and it wins ties.
+a mode more than 3 % faster is found (packrat.plan.MODE_MARGIN), and it wins within that.
 
 Without `requested`, the candidates are a short list per task — the modes
 that were fastest in the measurements of docs/modes-benchmark.md — so that

@@ -20,7 +20,9 @@
                that plans at batch B, or only fat's at B (nothing to compare it
                with), is measured once more at the end (retry_after_cold_build).
 3. choose      packrat.plan.plans_per_mode over the modes' profiles for batch
-               B; the archive's own mode is listed first and wins ties.
+               B: the first mode, the archive's own listed first, whose
+               predicted latency is within MODE_MARGIN (3 %) of the fastest
+               (a later mode must be more than that faster to be chosen).
 
 Applying the choice is the controller's (it owns the swap). Every step is
 reported to a Tracker, which the REST status shows and which is persisted to
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from packrat.errors import ConfigError, PlanError, ProfileError
-from packrat.plan import plans_per_mode, realizable_plan, uniform_candidates
+from packrat.plan import MODE_MARGIN, plans_per_mode, realizable_plan, uniform_candidates
 from packrat.plan.confidence import is_fat
 from packrat.profile import ProfileSettings, open_archive, run_profile, save_profile
 from packrat.profile.fingerprint import config_in_mode, current_fingerprint
@@ -373,7 +375,10 @@ def tune_model(
         raise ProfileError(f"no mode of {model} could be profiled: "
                            + "; ".join(f"{m}: {v.get('state')} {v.get('reason', '')}"
                                        for m, v in tracker.snapshot()["modes"].items()))
-    per_mode, best = plans_per_mode(ordered, settings.cores, settings.batch, realizable=True)
+    per_mode, best = plans_per_mode(ordered, settings.cores, settings.batch, realizable=True,
+                                    margin=MODE_MARGIN)
+    fastest = min((m for m in per_mode if m.plan is not None), key=lambda m: m.plan.predicted_latency_ms,
+                  default=None)
     report = []
     for mp in per_mode:
         row: dict[str, Any] = {"mode": mp.mode}
@@ -381,6 +386,9 @@ def tune_model(
             row.update(predicted_ms=round(mp.plan.predicted_latency_ms, 3),
                        fat_ms=None if mp.plan.fat_latency_ms is None else round(mp.plan.fat_latency_ms, 3),
                        shape=_shape_text(mp.plan))
+            if mp is best and fastest is not None and fastest is not best:
+                row["kept"] = (f"chosen before {fastest.mode} ({fastest.plan.predicted_latency_ms:.0f} ms): "
+                               f"a later mode must be more than {MODE_MARGIN:.0%} faster")
         else:
             row["reason"] = mp.reason
         tracker.mode(mp.mode, plan=row)
