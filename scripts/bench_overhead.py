@@ -13,8 +13,8 @@
 
 Each TorchServe point is measured after --warm-s seconds of the same load (default 30):
 TorchServe's JVM compiles its request path over its first few thousand requests, and on
-a small machine its compiler threads take cores from the worker (on the 2-core EPYC, 2
-warm-up requests left C1/C2 at 45 % of the frontend's CPU during the measured ones).
+a small machine its compiler threads take cores from the worker (on the 2-core EPYC,
+after 100 requests C1/C2 still took 45 % of the frontend's CPU over the next 12 s).
 
 In-process points are measured in a child process each (never in the process that
 sends the TorchServe requests), before and after the TorchServe ones (the machine may
@@ -93,18 +93,16 @@ def main() -> int:
     if args.report:
         print(render(args.report))
         return 0
+    import importlib.metadata
     import signal
 
-    import torch
-
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # finally blocks stop TorchServe
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
     results = Results(args.out)
     run = time.strftime("%Y%m%dT%H%M%S")
     from packrat.profile.fingerprint import cpu_model
 
     results.add(run=run, kind="machine", cpu=cpu_model(), cores=len(os.sched_getaffinity(0)),
-                torch=torch.__version__, load_avg=os.getloadavg(), command=" ".join(sys.argv))
+                torch=importlib.metadata.version("torch"), load_avg=os.getloadavg(), command=" ".join(sys.argv))
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         tmp = Path(tmp)
         bench_torchserve("noop", "fp32-eager", [1], results, run, tmp / "ts-noop", args.requests,

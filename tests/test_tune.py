@@ -26,9 +26,8 @@ import yaml
 
 from packrat.apply import versions
 from packrat.autotune import why_tune
-from packrat.plan import MODE_MARGIN
 from packrat.bench.loadcheck import ContinuousLoad
-from packrat.plan import mode_candidates, realizable_plan, same_shape
+from packrat.plan import MODE_MARGIN, mode_candidates, realizable_plan, same_shape
 from packrat.profile.probe import Capabilities
 from packrat.tune import candidate_modes
 from packrat.types import Fingerprint, Instance, Plan, Profile, ProfilePoint

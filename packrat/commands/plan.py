@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
@@ -122,22 +122,12 @@ def run_plan(profile_path: Path, cores_text: str, batch_text: str, as_json: bool
     return text
 
 
-def _kept_note(per_mode: list, best: Any) -> str:
-    from packrat.plan import MODE_MARGIN
-
-    fastest = min((m for m in per_mode if m.plan is not None), key=lambda m: m.plan.predicted_latency_ms)
-    if fastest is best:
-        return ""
-    return (f"; kept before {fastest.mode} ({fastest.plan.predicted_latency_ms:.3f} ms), which is "
-            f"not more than {MODE_MARGIN:.0%} faster")
-
-
 def run_plan_modes(profile_paths: list[Path], cores_text: str, batch_text: str, as_json: bool,
                    realizable: bool, cover: bool = False) -> str:
     """`packrat plan` given several profiles (one per execution mode): each mode's
     best plan, then the overall choice: the tune's rule, the first given whose predicted
     latency is within MODE_MARGIN (3 %) of the lowest."""
-    from packrat.plan import MODE_MARGIN, plans_per_mode
+    from packrat.plan import MODE_MARGIN, fastest, plans_per_mode
     from packrat.profile import load_profile
 
     cores = _positive_int(cores_text, "--cores")
@@ -166,8 +156,11 @@ def run_plan_modes(profile_paths: list[Path], cores_text: str, batch_text: str, 
     lines.append("")
     if best is None:
         raise PlanError(f"no mode has a plan for batch {batch} on {cores} cores")
+    quickest = fastest(per_mode)
+    kept = ("" if quickest is best else f"; kept before {quickest.mode} ({quickest.plan.predicted_latency_ms:.3f} "
+            f"ms), which is not more than {MODE_MARGIN:.0%} faster")
     lines.append(f"choice    {best.mode}: {best.plan.predicted_latency_ms:.3f} ms predicted "
-                 f"({len(best.plan.instances)} instance(s))" + _kept_note(per_mode, best))
+                 f"({len(best.plan.instances)} instance(s))" + kept)
     return "\n".join(lines)
 
 

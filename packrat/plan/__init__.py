@@ -30,7 +30,7 @@ from packrat.plan.knapsack import (
     realizable_gap,
     realizable_plan,
 )
-from packrat.plan.modes import MODE_MARGIN, ModePlan, mode_candidates, plans_per_mode
+from packrat.plan.modes import MODE_MARGIN, ModePlan, fastest, mode_candidates, plans_per_mode
 
 # `plan` is the name the design uses for the pure decision function.
 plan = optimal_plan
@@ -40,6 +40,7 @@ __all__ = [
     "ModePlan",
     "candidate_plans",
     "every_uniform_plan",
+    "fastest",
     "mode_candidates",
     "fat_latency",
     "optimal_plan",

@@ -71,12 +71,19 @@ def plans_per_mode(
             out.append(ModePlan(mode, profile, None, str(exc)))
             continue
         out.append(ModePlan(mode, profile, plan))
-    planned = [m for m in out if m.plan is not None]
-    if not planned:
+    quickest = fastest(out)
+    if quickest is None:
         return out, None
-    fastest = min(m.plan.predicted_latency_ms for m in planned)
-    best = next(m for m in planned if m.plan.predicted_latency_ms <= fastest * (1.0 + margin))
+    limit = quickest.plan.predicted_latency_ms * (1.0 + margin)
+    best = next(m for m in out if m.plan is not None and m.plan.predicted_latency_ms <= limit)
     return out, best
+
+
+def fastest(per_mode: Sequence[ModePlan]) -> ModePlan | None:
+    """The mode with the lowest predicted latency (the earlier on a tie), None if no plan.
+    When it is not plans_per_mode's choice, the margin kept an earlier mode over it."""
+    planned = [m for m in per_mode if m.plan is not None]
+    return min(planned, key=lambda m: m.plan.predicted_latency_ms) if planned else None
 
 
 def mode_candidates(
@@ -115,4 +122,4 @@ def mode_candidates(
     return tuple(firsts + rest), current_ms, plan_b
 
 
-__all__ = ["MODE_MARGIN", "ModePlan", "mode_candidates", "mode_of", "plans_per_mode"]
+__all__ = ["MODE_MARGIN", "ModePlan", "fastest", "mode_candidates", "mode_of", "plans_per_mode"]

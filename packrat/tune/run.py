@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from packrat.errors import ConfigError, PlanError, ProfileError
-from packrat.plan import MODE_MARGIN, plans_per_mode, realizable_plan, uniform_candidates
+from packrat.plan import MODE_MARGIN, fastest, plans_per_mode, realizable_plan, uniform_candidates
 from packrat.plan.confidence import is_fat
 from packrat.profile import ProfileSettings, open_archive, run_profile, save_profile
 from packrat.profile.fingerprint import config_in_mode, current_fingerprint
@@ -210,8 +210,9 @@ def _refused_before(previous: dict[str, Any] | None, mode: str, model_id: str,
 def retry_after_cold_build(first_turn: bool, built_s: list[float], share: float) -> bool:
     """A mode that measured nothing to choose a plan with on its first turn (no point, none
     that makes a plan at the tune's batch, or only fat's: judged_at) is given one more
-    turn (the tune's last, from the same budget) when its worker got ready and building the mode took at least half of
-    its share: the build is in the build cache then, and the next load is quick."""
+    turn (the tune's last, from the same budget) when its worker got ready and building
+    the mode took at least half of its share: the build is in the build cache then, and
+    the next load is quick."""
     return first_turn and bool(built_s) and built_s[0] >= 0.5 * share
 
 
@@ -377,8 +378,7 @@ def tune_model(
                                        for m, v in tracker.snapshot()["modes"].items()))
     per_mode, best = plans_per_mode(ordered, settings.cores, settings.batch, realizable=True,
                                     margin=MODE_MARGIN)
-    fastest = min((m for m in per_mode if m.plan is not None), key=lambda m: m.plan.predicted_latency_ms,
-                  default=None)
+    quickest = fastest(per_mode)
     report = []
     for mp in per_mode:
         row: dict[str, Any] = {"mode": mp.mode}
@@ -386,8 +386,8 @@ def tune_model(
             row.update(predicted_ms=round(mp.plan.predicted_latency_ms, 3),
                        fat_ms=None if mp.plan.fat_latency_ms is None else round(mp.plan.fat_latency_ms, 3),
                        shape=_shape_text(mp.plan))
-            if mp is best and fastest is not None and fastest is not best:
-                row["kept"] = (f"chosen before {fastest.mode} ({fastest.plan.predicted_latency_ms:.0f} ms): "
+            if mp is best and quickest is not best:
+                row["kept"] = (f"chosen before {quickest.mode} ({quickest.plan.predicted_latency_ms:.0f} ms): "
                                f"a later mode must be more than {MODE_MARGIN:.0%} faster")
         else:
             row["reason"] = mp.reason
