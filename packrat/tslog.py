@@ -1,4 +1,5 @@
-"""Which log configuration TorchServe's frontend starts with.
+"""Which log configuration TorchServe's frontend starts with, and which per-request
+line its Python workers leave out.
 
 TorchServe 0.12's built-in log4j2 configuration logs its own classes at debug and
 writes each line up to three times (ts_log.log twice, the console once), about ten
@@ -14,6 +15,7 @@ drop that one in favour of `--log-config`), or the environment variable below.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -65,3 +67,28 @@ def _value_of(args: list[str], flag: str) -> str | None:
         if arg.startswith(flag + "="):
             return arg.split("=", 1)[1]
     return None
+
+
+# TorchServe 0.12's worker logs this at info for every request it reads
+# (ts/protocol/otf_message_handler.py, through the root logger, to stdout); the frontend
+# reads it from the worker's stdout only to drop it (packrat/log4j2.xml) or copy it
+# into model_log.log. The worker's [METRICS] lines, which the frontend turns into
+# Prometheus metrics, are left alone.
+WORKER_REQUEST_LINE = "Backend received inference at: %d"
+
+
+class _DropRequestLine(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != WORKER_REQUEST_LINE
+
+
+def quiet_worker_request_lines(env: dict[str, str] | None = None) -> bool:
+    """In a TorchServe worker: stop its per-request "Backend received inference" line at
+    the source, unless TorchServe's built-in logging was asked for (ENV=torchserve).
+    True when the filter is in place (installed now or before)."""
+    if ((os.environ if env is None else env).get(ENV, "").strip()) == BUILT_IN:
+        return False
+    root = logging.getLogger()
+    if not any(isinstance(f, _DropRequestLine) for f in root.filters):
+        root.addFilter(_DropRequestLine())
+    return True

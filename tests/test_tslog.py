@@ -4,13 +4,16 @@ model_log, and Prometheus still gets the latency counters the controller reads."
 
 from __future__ import annotations
 
+import logging
 import re
+import socket
+import struct
 from pathlib import Path
 
 import pytest
 import requests
 
-from packrat.tslog import ENV, LOG_CONFIG, with_log_config
+from packrat.tslog import ENV, LOG_CONFIG, quiet_worker_request_lines, with_log_config
 from serving_support import ensure_registered
 
 START = ["--start", "--foreground", "--ts-config"]
@@ -41,6 +44,46 @@ def test_a_chosen_log_config_is_kept(tmp_path: Path) -> None:
     conf.write_text(f"vmargs=-Xmx1g -Dlog4j.configurationFile=file://{mine}\n")
     assert with_log_config([*START, str(conf)], env={}) == [*START, str(conf)]
     assert with_log_config(["--start"], env={"TS_CONFIG_FILE": str(conf)}) == ["--start"]
+
+
+@pytest.fixture
+def root_filters():
+    root = logging.getLogger()
+    kept = list(root.filters)
+    yield root
+    root.filters[:] = kept
+
+
+def _worker_reads_a_request() -> None:
+    """TorchServe's worker code reading one (empty) inference message off its socket."""
+    from ts.protocol.otf_message_handler import retrieve_msg
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.sendall(b"I" + struct.pack("!i", -1))
+        assert retrieve_msg(theirs) == (b"I", [])
+
+
+def test_worker_request_line_is_dropped_at_the_source(root_filters, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    _worker_reads_a_request()
+    assert "Backend received inference at" in caplog.text  # TorchServe's line, as it writes it
+    caplog.clear()
+    before = len(root_filters.filters)
+    assert quiet_worker_request_lines(env={}) and quiet_worker_request_lines(env={})
+    assert len(root_filters.filters) == before + 1  # a second call adds none
+    _worker_reads_a_request()
+    logging.info("Torch worker started.")  # the worker's other root lines pass
+    logging.getLogger("ts.service").info("[METRICS]%s", "PredictionTime.Milliseconds:1.0")
+    assert "Backend received inference" not in caplog.text
+    assert "Torch worker started." in caplog.text and "[METRICS]PredictionTime" in caplog.text
+
+
+def test_worker_request_line_stays_with_torchserves_logging(root_filters, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    assert not quiet_worker_request_lines(env={ENV: "torchserve"})
+    _worker_reads_a_request()
+    assert "Backend received inference at" in caplog.text
 
 
 @pytest.mark.torchserve
