@@ -42,8 +42,9 @@ FLOORS: dict[str, int] = {
     "packrat.commands": 8,
     "packrat.cli": 9,
 }
-# What TorchServe's Python worker may import from packrat: the worker side only.
-HANDLER_MAY_IMPORT = {"packrat.slots"}
+# What TorchServe's Python worker may import from packrat: the worker side only (its slot,
+# and which of TorchServe's log lines it writes); both load no torch and no HTTP (below).
+HANDLER_MAY_IMPORT = {"packrat.slots", "packrat.tslog"}
 
 
 def _unit(module: str) -> str:
@@ -102,7 +103,7 @@ def test_handlers_import_only_the_worker_side() -> None:
     assert {k: v for k, v in found.items() if v} == {}
 
 
-@pytest.mark.parametrize("module", ["packrat.plan", "packrat.profile", "packrat.slots"])
+@pytest.mark.parametrize("module", ["packrat.plan", "packrat.profile", "packrat.slots", "packrat.tslog"])
 def test_pure_stages_load_no_torch_and_no_http(module: str) -> None:
     # A fresh interpreter: this test process may already have torch loaded. The profile
     # stage and the slots are imported by workers before they pin themselves, so the
