@@ -395,8 +395,9 @@ def bench_torchserve(model: str, mode: str, batches: list[int], results: Results
                      workdir: Path, requests_per_b: int, body: bytes | None = None,
                      ctype: str = "text/plain", shapes=("fat", "thin"), max_length: int | None = None,
                      label: str = "torchserve", warm_s: float = 0.0, thin_below_cores: bool = False) -> None:
-    """`thin_below_cores`: also measure thin (one 1-thread worker per core, cap max(1, b / cores))
-    at batches below the core count, where it is skipped by default. `warm_s`: seconds of load sent to each model before its measured requests, so the
+    """`thin_below_cores`: also measure thin (one 1-thread worker per core, cap
+    max(1, b / cores)) at batches below the core count, where it is skipped by default.
+    `warm_s`: seconds of load sent to each model before its measured requests, so the
     frontend's JIT compiler has settled (TorchServe's JVM compiles its request path over
     its first few thousand requests, on the cores the worker needs)."""
     from packrat.server import start_torchserve

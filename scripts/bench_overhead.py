@@ -174,8 +174,8 @@ def targets(run: list[dict]) -> list[str]:
         if batch == 1:
             threads = 1 if shape == "thin" else cores
             forward, handler = inproc(model, "forward", threads), inproc(model, "handler", threads)
-            # The no-op in the same shape too: a worker pinned to one core is woken there
-            # (on a VM, a halted vCPU woken by the host), an unpinned one where the frontend runs.
+            # Like for like: the no-op in the same shape (a worker pinned to one core might pay
+            # more to be woken; on the 2-core EPYC it did not: 0.96 thin vs 1.08 ms fat).
             noop_shape = shape if ("noop", 1, shape) in served else "fat"
             noop = served.get(("noop", 1, noop_shape))
             if forward is None or noop is None:
