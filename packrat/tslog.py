@@ -26,9 +26,13 @@ ENV = "PACKRAT_TS_LOG_CONFIG"
 BUILT_IN = "torchserve"
 
 
+def _asked(env: dict[str, str] | None) -> str:
+    return (os.environ if env is None else env).get(ENV, "").strip()
+
+
 def chosen_log_config(env: dict[str, str] | None = None) -> Path | None:
     """The file to hand TorchServe's launcher, or None for TorchServe's built-in."""
-    value = (os.environ if env is None else env).get(ENV, "").strip()
+    value = _asked(env)
     if value == BUILT_IN:
         return None
     path = Path(value) if value else LOG_CONFIG
@@ -86,7 +90,7 @@ def quiet_worker_request_lines(env: dict[str, str] | None = None) -> bool:
     """In a TorchServe worker: stop its per-request "Backend received inference" line at
     the source, unless TorchServe's built-in logging was asked for (ENV=torchserve).
     True when the filter is in place (installed now or before)."""
-    if ((os.environ if env is None else env).get(ENV, "").strip()) == BUILT_IN:
+    if _asked(env) == BUILT_IN:
         return False
     root = logging.getLogger()
     if not any(isinstance(f, _DropRequestLine) for f in root.filters):

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from packrat.errors import PlanError
-from packrat.plan import MODE_MARGIN, every_uniform_plan, plans_per_mode
+from packrat.plan import every_uniform_plan, plans_per_mode
 from packrat.types import Instance, Plan, Profile
 
 TUNED_CONFIGS = ("fat-tuned", "tuned")
@@ -111,7 +111,7 @@ def tuned_pair(profiles: Sequence[Profile], cores: int, batch: int) -> TunedPair
     """The tune's choice at `batch` (PlanError when no mode has a plan for it)."""
     if not profiles:
         raise PlanError("no usable per-mode profile")
-    per_mode, best = plans_per_mode(profiles, cores, batch, realizable=True, margin=MODE_MARGIN)
+    per_mode, best = plans_per_mode(profiles, cores, batch, realizable=True)
     rows = tuple({"mode": mp.mode, "predicted_ms": round(mp.plan.predicted_latency_ms, 3)} if mp.plan is not None
                  else {"mode": mp.mode, "reason": mp.reason} for mp in per_mode)
     if best is None or best.plan is None:

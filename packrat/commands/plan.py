@@ -133,8 +133,7 @@ def run_plan_modes(profile_paths: list[Path], cores_text: str, batch_text: str, 
     cores = _positive_int(cores_text, "--cores")
     batch = _positive_int(batch_text, "--batch")
     profiles = [load_profile(p) for p in profile_paths]
-    per_mode, best = plans_per_mode(profiles, cores, batch, realizable=realizable, cover=cover,
-                                    margin=MODE_MARGIN)
+    per_mode, best = plans_per_mode(profiles, cores, batch, realizable=realizable, cover=cover)
     if as_json:
         return json.dumps({
             "cores": cores, "batch": batch,

@@ -7,11 +7,11 @@ the mode is in the profile's fingerprint) and the choice is
     best = argmin over modes m of  plan(L_m, T, B).predicted_latency_ms
 
 Ties (equal predicted latency) go to the mode listed first among the
-profiles, so the caller's order is the preference order; with a `margin`,
-a later mode must be faster than an earlier one by more than that fraction
-to be preferred (the tune passes MODE_MARGIN: its modes are measured one after
-another, minutes apart, so a 1 % difference is noise, and the earlier mode is
-the archive's own, the guard's reference). A mode with no
+profiles, so the caller's order is the preference order; a later mode must
+be faster than an earlier one by more than `margin` (default MODE_MARGIN) to
+be preferred: the tune measures its modes one after another, minutes apart, so
+a 1 % difference is noise, and the earlier mode is the archive's own, the
+guard's reference. A mode with no
 plan for (T, B) (e.g. batch B not coverable from its profiled points) is
 reported with the reason and never chosen. Pure: no torch, no HTTP.
 """
@@ -51,7 +51,7 @@ def mode_of(profile: Profile, index: int) -> str:
 
 def plans_per_mode(
     profiles: Sequence[Profile], cores: int, batch: int, *, realizable: bool = False,
-    cover: bool = False, margin: float = 0.0,
+    cover: bool = False, margin: float = MODE_MARGIN,
 ) -> tuple[list[ModePlan], ModePlan | None]:
     """(every mode's best plan, the overall choice or None when no mode has a plan).
 

@@ -376,8 +376,7 @@ def tune_model(
         raise ProfileError(f"no mode of {model} could be profiled: "
                            + "; ".join(f"{m}: {v.get('state')} {v.get('reason', '')}"
                                        for m, v in tracker.snapshot()["modes"].items()))
-    per_mode, best = plans_per_mode(ordered, settings.cores, settings.batch, realizable=True,
-                                    margin=MODE_MARGIN)
+    per_mode, best = plans_per_mode(ordered, settings.cores, settings.batch, realizable=True)
     quickest = fastest(per_mode)
     report = []
     for mp in per_mode:
