@@ -39,26 +39,53 @@ class Job:
 
 
 class Turns:
-    """First come, first served: one holder at a time, in the order turns were asked for."""
+    """First come, first served: one holder at a time, in the order tickets were taken.
+
+    A ticket is taken where the order is decided (`take`, in the submitting thread) and
+    held later (`hold`, in whatever thread does the work): taking it inside a new thread
+    would order jobs by when their threads got scheduled, not by when they were started.
+    """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._next = 0
         self._serving = 0
+        self._dropped: set[int] = set()
 
-    @contextlib.contextmanager
-    def turn(self) -> Iterator[None]:
+    def take(self) -> int:
+        """The next ticket: pass it to `hold` (or to `drop`, if it will never be held)."""
         with self._cond:
             ticket = self._next
             self._next += 1
+            return ticket
+
+    @contextlib.contextmanager
+    def hold(self, ticket: int) -> Iterator[None]:
+        """Wait until every earlier ticket was held and released (or dropped), then hold this one."""
+        with self._cond:
             while self._serving != ticket:
                 self._cond.wait()
         try:
             yield
         finally:
-            with self._cond:
-                self._serving += 1
-                self._cond.notify_all()
+            self._advance()
+
+    def drop(self, ticket: int) -> None:
+        """Give up a ticket that will never be held, so the ones after it still get their turn."""
+        with self._cond:
+            self._dropped.add(ticket)
+            self._skip_dropped()
+
+    def _advance(self) -> None:
+        with self._cond:
+            self._serving += 1
+            self._skip_dropped()
+
+    def _skip_dropped(self) -> None:  # with self._cond held
+        while self._serving in self._dropped:
+            self._dropped.remove(self._serving)
+            self._serving += 1
+        self._cond.notify_all()
 
 
 class Jobs:
@@ -95,9 +122,12 @@ class Jobs:
                    for j in self._jobs.values()):
                 raise BusyError(f"a {kind} job{f' for {model}' if per_model else ''} is already running")
             self._jobs[job.id] = job
+            # The ticket now, in the caller's thread and under the lock: jobs started
+            # a, b, c hold their turns a, b, c however their threads get scheduled.
+            ticket = turns.take() if turns is not None else None
 
         def run() -> None:
-            with turns.turn() if turns is not None else contextlib.nullcontext():
+            with turns.hold(ticket) if turns is not None and ticket is not None else contextlib.nullcontext():
                 job.state = "running"
                 try:
                     job.result = work(job) if with_job else work()
@@ -108,5 +138,11 @@ class Jobs:
                 finally:
                     job.finished = time.time()
 
-        threading.Thread(target=run, name=f"{kind}-{job.id}", daemon=True).start()
+        try:
+            threading.Thread(target=run, name=f"{kind}-{job.id}", daemon=True).start()
+        except BaseException:  # no thread, no turn to wait for: the jobs queued behind it go on
+            if turns is not None and ticket is not None:
+                turns.drop(ticket)
+            job.state, job.error, job.finished = "failed", "could not start its thread", time.time()
+            raise
         return job

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from packrat.apply.swap import unread_bytes
+from waiting import wait_until
 
 SLEEP_MODEL = Path(__file__).parent / "data" / "observe" / "sleepmodel"
 
@@ -23,14 +23,9 @@ def copy_sleep_model(store: Path, name: str) -> Path:
     return base
 
 
-def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll `cond` until it holds; AssertionError naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+def wait_for(cond: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Poll `cond` until it holds (waiting.wait_until: a hang guard naming `what`)."""
+    wait_until(cond, timeout_s, what)
 
 
 def holding_unread(pids: list[int]) -> bool:

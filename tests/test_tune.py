@@ -16,6 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +33,7 @@ from packrat.profile.probe import Capabilities
 from packrat.tune import candidate_modes
 from packrat.types import Fingerprint, Instance, Plan, Profile, ProfilePoint
 from serving_support import ControllerProcess, start_server
+from waiting import wait_until
 
 MODEL = "tt-bert"
 # fp32-eager is the archive's own mode (the guard's reference); fp32-torchscript
@@ -111,7 +113,7 @@ def test_tunes_and_profiles_take_turns_in_order() -> None:
     def work(name: str):
         def run() -> dict:
             if name == "a":
-                gate.wait(10)
+                gate.wait(60)
             order.append(name)
             return {}
         return run
@@ -121,13 +123,75 @@ def test_tunes_and_profiles_take_turns_in_order() -> None:
     c = jobs.start("profile", "m1", work("c"), turns=turns)
     with pytest.raises(BusyError):
         jobs.start("tune", "m1", work("x"), per_model=True, turns=turns)
-    time.sleep(0.2)
-    assert (a.state, b.state, c.state) == ("running", "queued", "queued")
+    wait_until(lambda: a.state == "running", 30, "job a to start running")
+    # a holds its turn until the gate opens: b and c can only be queued.
+    assert (b.state, c.state) == ("queued", "queued") and order == []
     gate.set()
-    deadline = time.monotonic() + 10
-    while c.state != "done" and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert order == ["a", "b", "c"]
+    wait_until(lambda: c.state == "done", 30, "job c to finish after a and b")
+    assert order == ["a", "b", "c"] and (a.state, b.state) == ("done", "done")
+
+
+class _LateThread(threading.Thread):
+    """A thread whose body starts late when its name starts with "late": it waits until
+    a thread named "next-..." has entered its body, then a little longer (what a busy
+    scheduler may do to any thread)."""
+
+    next_entered = threading.Event()
+
+    def run(self) -> None:
+        if self.name.startswith("late"):
+            _LateThread.next_entered.wait(30)
+            time.sleep(0.3)
+        elif self.name.startswith("next"):
+            _LateThread.next_entered.set()
+        super().run()
+
+
+def test_turns_follow_start_order_when_a_thread_starts_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queue ticket is taken when a job is started, not when its thread gets to run:
+    with the second job's thread delayed past the third's, they still run in start order
+    (with the ticket taken in the thread, the third ran second)."""
+    from packrat.jobs import Jobs, Turns
+
+    monkeypatch.setattr(threading, "Thread", _LateThread)
+    _LateThread.next_entered.clear()
+    jobs, turns, gate, order = Jobs(), Turns(), threading.Event(), []
+
+    def work(name: str, wait: bool = False):
+        def run() -> dict:
+            if wait:
+                gate.wait(60)
+            order.append(name)
+            return {}
+        return run
+
+    first = jobs.start("first", "m", work("first", wait=True), turns=turns)
+    wait_until(lambda: first.state == "running", 30, "the first job to start running")
+    jobs.start("late", "m", work("late"), turns=turns)
+    last = jobs.start("next", "m", work("next"), turns=turns)
+    gate.set()
+    wait_until(lambda: last.state == "done", 60, "the third job to finish")
+    assert order == ["first", "late", "next"]
+
+
+def test_a_dropped_ticket_does_not_hold_up_the_ones_after_it() -> None:
+    """A job whose thread could not start drops its ticket: the next one still gets its turn."""
+    from packrat.jobs import Turns
+
+    turns = Turns()
+    first, dropped, after = turns.take(), turns.take(), turns.take()
+    held: list[int] = []
+
+    def hold_after() -> None:
+        with turns.hold(after):
+            held.append(after)
+
+    with turns.hold(first):
+        turns.drop(dropped)
+    waiter = threading.Thread(target=hold_after, daemon=True)
+    waiter.start()
+    waiter.join(30)
+    assert held == [after], "stuck: the ticket after a dropped one never got its turn"
 
 
 def _profile(mode: str, scale: float) -> Profile:
