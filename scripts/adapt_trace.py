@@ -35,7 +35,7 @@ MODEL = "sleepy"
 def run(steps_spec: str, min_dwell_s: float, model_dir: Path | None = None,
         profile_path: Path | None = None, body: bytes = b"x") -> dict:
     from packrat.bench.adapt_rig import Rig, sleep_table, table_profile
-    from packrat.bench.stepload import Step, StepLoad
+    from packrat.bench.loadgen import Step, StepLoad
     from packrat.observe.loop import adapt_settings
     from packrat.plan import realizable_plan
     from packrat.profile import load_profile

@@ -49,7 +49,7 @@ import requests
 
 from packrat import forkserver
 from packrat.apply.swap import SwapSettings, Swapper
-from packrat.bench.loadcheck import ContinuousLoad, in_windows, percentile
+from packrat.bench.loadgen import ContinuousLoad, in_windows, percentile
 from packrat.server import start_torchserve
 from packrat.types import Instance, Plan
 

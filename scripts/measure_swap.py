@@ -32,7 +32,7 @@ from pathlib import Path
 
 import requests
 
-from packrat.bench.loadcheck import ContinuousLoad, in_windows, percentile
+from packrat.bench.loadgen import ContinuousLoad, in_windows, percentile
 from packrat.server import start_torchserve
 from packrat.apply.swap import SwapSettings, Swapper
 from packrat.types import Instance, Plan

@@ -20,7 +20,7 @@ import time
 import requests
 
 from packrat.observe.metrics import METRICS_QUERY
-from packrat.bench.stepload import Step, StepLoad
+from packrat.bench.loadgen import Step, StepLoad
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ import pytest
 from packrat.apply import versions
 from packrat.apply.swap import SwapSettings, Swapper, check_workers
 from packrat.worker_counters import read_counters
-from packrat.bench.loadcheck import ContinuousLoad
+from packrat.bench.loadgen import ContinuousLoad
 from packrat.errors import SwapError
 from packrat.types import Instance, Plan
 from serving_support import start_server

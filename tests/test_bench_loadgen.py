@@ -23,7 +23,7 @@ from packrat.bench.loadgen import (
     poisson_schedule,
     summarise,
 )
-from packrat.bench.loadcheck import ContinuousLoad
+from packrat.bench.loadgen import ContinuousLoad
 from packrat.bench.localserver import LocalServer
 from packrat.errors import ConfigError
 

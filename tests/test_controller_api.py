@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from packrat.bench.loadcheck import ContinuousLoad
+from packrat.bench.loadgen import ContinuousLoad
 from packrat.plan import realizable_plan
 from packrat.profile.store import save_profile
 from packrat.types import Profile, ProfilePoint

@@ -19,7 +19,7 @@ import pytest
 
 from packrat import slots
 from packrat.bench.adapt_rig import sleep_table, table_profile
-from packrat.bench.loadcheck import ContinuousLoad
+from packrat.bench.loadgen import ContinuousLoad
 from packrat.control import Controller, ControllerSettings
 from packrat.observe.loop import AdaptiveLoop, AdaptSettings
 from packrat.observe.policy import PolicySettings

@@ -21,7 +21,7 @@ import requests
 from packrat.observe.loop import AdaptSettings
 from packrat.observe.policy import PolicySettings
 from packrat.bench.adapt_rig import Rig, sleep_table, table_profile
-from packrat.bench.stepload import Step, StepLoad
+from packrat.bench.loadgen import Step, StepLoad
 from packrat.plan import realizable_plan, same_shape
 from packrat.types import Plan
 

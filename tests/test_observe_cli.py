@@ -19,7 +19,7 @@ import requests
 
 from packrat.server import free_ports, start_torchserve
 from packrat.bench.adapt_rig import sleep_table, table_profile
-from packrat.bench.stepload import Step, StepLoad
+from packrat.bench.loadgen import Step, StepLoad
 from packrat.plan import realizable_plan
 from packrat.profile.store import save_profile
 

@@ -29,7 +29,7 @@ import pytest
 import requests
 
 from packrat.apply import versions
-from packrat.bench.loadcheck import ContinuousLoad
+from packrat.bench.loadgen import ContinuousLoad
 from packrat.control import Controller, ControllerSettings
 from packrat.types import Instance, Plan
 from reliability_support import copy_sleep_model, holding_unread, wait_for

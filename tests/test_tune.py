@@ -27,7 +27,7 @@ import yaml
 
 from packrat.apply import versions
 from packrat.autotune import why_tune
-from packrat.bench.loadcheck import ContinuousLoad
+from packrat.bench.loadgen import ContinuousLoad
 from packrat.plan import MODE_MARGIN, mode_candidates, realizable_plan, same_shape
 from packrat.profile.probe import Capabilities
 from packrat.tune import candidate_modes

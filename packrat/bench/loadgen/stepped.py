@@ -3,7 +3,8 @@
 Used to test and to trace adaptation: client i keeps one request outstanding
 while the current level is above i, so the live batch B follows the schedule.
 Every request is recorded (start, end, HTTP status, level) for latency plots
-and the "no request failed" check. Loopback only.
+and the "no request failed" check. Loopback only; each client thread on its own
+keep-alive connection (connection.py).
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from urllib.parse import urlparse
 
-import requests
+import urllib3
 
+from packrat.bench.loadgen.connection import Connection, check_loopback
 from packrat.errors import ConfigError
 
 
@@ -54,9 +55,7 @@ class StepLoad:
         timeout_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        host = urlparse(url).hostname
-        if host not in ("127.0.0.1", "localhost"):
-            raise ConfigError(f"step load only targets loopback, not {url}")
+        check_loopback(url)
         if not steps or any(s.clients < 0 or s.duration_s <= 0 for s in steps):
             raise ConfigError(f"bad steps: {steps!r}")
         self.url = url
@@ -78,7 +77,7 @@ class StepLoad:
         return dict(h)
 
     def _client(self, i: int) -> None:
-        session = requests.Session()
+        conn = Connection(self.url, self.timeout_s)
         while not self._stop.is_set():
             if self.level <= i:
                 time.sleep(0.01)
@@ -87,17 +86,16 @@ class StepLoad:
             t0 = self.clock()
             status, err = 0, None
             try:
-                r = session.post(self.url, data=self.body, headers=self._hdrs(),
-                                 timeout=self.timeout_s)
-                status = r.status_code
+                r = conn.post(self.body, self._hdrs())
+                status = r.status
                 if status != 200:
-                    err = r.text[:200]
-            except requests.RequestException as exc:
+                    err = r.data.decode(errors="replace")[:200]
+            except urllib3.exceptions.HTTPError as exc:
                 err = repr(exc)[:200]
             rec = Sent(t0, self.clock(), status, level, err)
             with self._lock:
                 self.records.append(rec)
-        session.close()
+        conn.close()
 
     def _driver(self) -> None:
         for step in self.steps:

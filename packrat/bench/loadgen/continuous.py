@@ -1,8 +1,7 @@
 """Continuous closed-loop load with every answer checked, for swap tests and measurements.
 
 `clients` threads each keep one request outstanding until stopped, each on
-its own keep-alive urllib3 connection (cheapest per request on 2 shared cores,
-see packrat.bench.loadgen), and record (start, latency, ok, status, error,
+its own keep-alive connection (connection.py), and record (start, latency, ok, status, error,
 client) for every request, so a test can count failures and a script can
 compare latency inside and outside a swap window.
 
@@ -20,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import urllib3
+from packrat.bench.loadgen.connection import Connection, check_loopback
 
 # stop() waits this long past a request's timeout before it calls the request stuck:
 # the client thread needs a moment to notice the timeout and record it itself.
@@ -63,16 +62,14 @@ class ContinuousLoad:
     _stopped: bool = False
 
     def __post_init__(self) -> None:
+        check_loopback(self.url)
         self._changed = threading.Condition(self._lock)
         self._in_flight = [None] * self.clients
         self._last_finished_start = [None] * self.clients
         self._done = [0] * self.clients
 
     def _run(self, k: int) -> None:
-        # A total timeout, not urllib3's per-read one: a server that trickles bytes
-        # must not keep a request open past timeout_s.
-        http = urllib3.PoolManager(maxsize=1, retries=False,
-                                   timeout=urllib3.Timeout(total=self.timeout_s))
+        conn = Connection(self.url, self.timeout_s)
         i = k
         while not self._stop.is_set():
             body = self.bodies[i % len(self.bodies)]
@@ -80,7 +77,7 @@ class ContinuousLoad:
             with self._lock:
                 self._in_flight[k] = t0
             try:
-                r = http.request("POST", self.url, body=body, headers=self.headers)
+                r = conn.post(body, self.headers)
                 ok = r.status == 200 and self.check(i % len(self.bodies), r.data)
                 err = None if ok else f"HTTP {r.status}: {r.data[:200]!r}"
                 sample = Sample(t0, time.monotonic() - t0, ok, r.status, err, k)
@@ -95,7 +92,7 @@ class ContinuousLoad:
                 self._done[k] += 1
                 self._changed.notify_all()
             i += self.clients
-        http.clear()
+        conn.close()
 
     def start(self) -> "ContinuousLoad":
         for k in range(self.clients):
@@ -161,14 +158,6 @@ class ContinuousLoad:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    xs = sorted(values)
-    k = min(len(xs) - 1, max(0, int(round(q / 100.0 * (len(xs) - 1)))))
-    return xs[k]
 
 
 def in_windows(samples: Sequence[Sample], windows: Sequence[tuple[float, float]]) -> list[Sample]:

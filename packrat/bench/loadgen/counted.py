@@ -1,4 +1,4 @@
-"""Load generator: real HTTP requests against an inference endpoint, timed one by one.
+"""Counted loads: a fixed number of measured HTTP requests, timed one by one.
 
 Two modes:
 
@@ -12,14 +12,8 @@ Two modes:
   a server (or generator) that falls behind shows up as latency instead of
   silently lowering the offered rate (coordinated omission).
 
-Why threads with one urllib3 connection each: on 2 cores the generator shares
-the CPU with the server it measures, so what matters is CPU per request, not
-peak concurrency. A keep-alive connection per thread means no per-request
-handshake, and the GIL is released while waiting on the socket. Measured here
-against a trivial local server, one request cost the client ~1.0 ms of CPU
-with requests.Session, ~0.3 ms with urllib3 and ~0.16 ms with bare
-http.client; urllib3 keeps most of that saving and still handles reconnects
-and timeouts. `measure_capacity()` reports what this design reaches.
+Each thread sends over its own keep-alive connection (connection.py says why).
+`measure_capacity()` reports what this design reaches.
 The result also carries the generator's own CPU time per request, so a reader
 can see how much of the 2 cores the generator took during a measurement.
 """
@@ -34,14 +28,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import urllib3
-from urllib.parse import urlsplit
 
+from packrat.bench.loadgen.connection import Connection, check_loopback
+from packrat.bench.stats import percentile
 from packrat.errors import ConfigError
-
-# Only 127.0.0.1/localhost: the generator is for loopback servers (see COMMON rules).
-_ALLOWED_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 
 @dataclass(frozen=True)
@@ -126,20 +117,6 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default); None for no values."""
-    if not values:
-        return None
-    return float(np.percentile(np.asarray(values, dtype=float), q))
-
-
-def check_loopback(url: str) -> None:
-    host = urlsplit(url).netloc.rsplit("@", 1)[-1]
-    host = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
-    if host not in _ALLOWED_HOSTS:
-        raise ConfigError(f"load generator only targets loopback servers, not {url!r}")
-
-
 # Set by the Packrat handler on every response: how many requests its batch held.
 BATCH_SIZE_HEADER = "x-packrat-batch-size"
 
@@ -152,23 +129,16 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 class _Client:
-    """One keep-alive connection to the target (one per generator thread)."""
+    """One generator thread's connection, its answers read as (status, error kind, batch size)."""
 
     def __init__(self, target: Target) -> None:
-        parts = urlsplit(target.url)
-        self.path = parts.path + (f"?{parts.query}" if parts.query else "")
-        # retries=False: a failed request is a result to record, never silently re-sent.
-        self.pool = urllib3.HTTPConnectionPool(
-            parts.hostname, parts.port or 80, maxsize=1, block=True, retries=False,
-            timeout=urllib3.Timeout(total=target.timeout_s),
-        )
+        self.conn = Connection(target.url, target.timeout_s)
         self.body = target.body
         self.headers = target.headers()
 
     def send(self) -> tuple[int, str | None, int | None]:
         try:
-            # preload_content (default) reads the whole body: a response is complete only then.
-            resp = self.pool.urlopen("POST", self.path, body=self.body, headers=self.headers, redirect=False)
+            resp = self.conn.post(self.body, self.headers)
         except urllib3.exceptions.NewConnectionError:
             # Checked first: urllib3 makes it a subclass of ConnectTimeoutError.
             return 0, "connection:refused", None
@@ -181,7 +151,7 @@ class _Client:
         return resp.status, f"http_{resp.status}", None
 
     def close(self) -> None:
-        self.pool.close()
+        self.conn.close()
 
 
 def summarise(
