@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FLOORS: dict[str, int] = {
     "packrat.types": 0,  # frozen values that cross stage boundaries
+    "packrat.settings": 0,  # the settings table: every PACKRAT_* variable, shared CLI defaults (stdlib only; tslog reads it)
     "packrat.errors": 1,  # the one exception tree (SwapError carries a types.SwapRecord)
     "packrat.cpulist": 1,  # the kernel's CPU list format (slots and cores read it)
     "packrat.worker_counters": 1,  # a worker's batch counters, a mapped file (slots writes, apply reads via slots)
@@ -44,7 +45,7 @@ FLOORS: dict[str, int] = {
 }
 # What TorchServe's Python worker may import from packrat: the worker side only (its slot,
 # and which of TorchServe's log lines it writes); both load no torch and no HTTP (below).
-HANDLER_MAY_IMPORT = {"packrat.slots", "packrat.tslog"}
+HANDLER_MAY_IMPORT = {"packrat.slots", "packrat.tslog", "packrat.settings"}
 
 
 def _unit(module: str) -> str:
@@ -103,7 +104,8 @@ def test_handlers_import_only_the_worker_side() -> None:
     assert {k: v for k, v in found.items() if v} == {}
 
 
-@pytest.mark.parametrize("module", ["packrat.plan", "packrat.profile", "packrat.slots", "packrat.tslog"])
+@pytest.mark.parametrize("module", ["packrat.plan", "packrat.profile", "packrat.slots", "packrat.tslog",
+                                    "packrat.settings"])
 def test_pure_stages_load_no_torch_and_no_http(module: str) -> None:
     # A fresh interpreter: this test process may already have torch loaded. The profile
     # stage and the slots are imported by workers before they pin themselves, so the
