@@ -1,0 +1,91 @@
+"""What a request may carry, and turning it into the controller's arguments.
+
+The bodies are pydantic models: FastAPI validates them (422 with the errors)
+and documents them in the spec. The checks FastAPI cannot express (a model
+that is not registered, a body that names both plan forms) are here too, so
+each route only parses, calls the controller and renders.
+"""
+
+from __future__ import annotations
+
+from fastapi import HTTPException
+from pydantic import BaseModel, Field
+
+from packrat.control import Controller
+from packrat.types import Plan, Policy
+
+# The largest request body accepted: an explicit plan of a few hundred instances
+# is a few kB; anything near this is not a request to this API.
+MAX_BODY_BYTES = 64 * 1024
+
+
+class InstanceIn(BaseModel):
+    threads: int = Field(ge=1, description="intra-op threads = cores of this worker")
+    batch: int = Field(ge=1, description="batch cap; every instance of one plan must share it")
+
+
+class PlanRequest(BaseModel):
+    batch: int = Field(ge=1, description="load batch B (concurrent requests) to plan for")
+    cores: int | None = Field(default=None, ge=1, description="cores to plan on [default: all usable]")
+
+
+class ApplyRequest(BaseModel):
+    """Either `batch` (a plan is computed from the model's profile) or explicit `instances`."""
+
+    batch: int | None = Field(default=None, ge=1)
+    instances: list[InstanceIn] | None = Field(default=None, min_length=1)
+
+
+class ProfileRequest(BaseModel):
+    max_batch: int = Field(default=8, ge=1, le=1024)
+    budget_s: float | None = Field(default=120.0, gt=0, description="whole profiling run [s]")
+    cores: int | None = Field(default=None, ge=1)
+
+
+class TuneRequest(BaseModel):
+    """Every field optional; no body at all means the defaults."""
+
+    modes: list[str] | None = Field(
+        default=None, max_length=32,
+        description="modes to try besides the archive's own, e.g. ['bf16-openvino']; ['all'] = every "
+                    "supported mode [default: a short list per task, docs/tuning.md]")
+    budget_s: float | None = Field(default=None, gt=0, le=24 * 3600,
+                                   description="the whole tune of this model [s] (default 180)")
+    batch: int | None = Field(default=None, ge=1, le=1024,
+                              description="load batch B to choose for [default: observed, else 8]")
+    fresh: bool = Field(default=False, description="re-profile modes whose profile is still valid")
+    max_batch: int | None = Field(default=None, ge=1, le=1024,
+                                  description="largest profiled batch [default: max(batch, 8)]")
+    point_budget_s: float | None = Field(default=None, gt=0, le=600,
+                                         description="seconds per profiled point [default 5]")
+
+
+class AdaptRequest(BaseModel):
+    enabled: bool = Field(description="false: keep the current plan fixed (no automatic re-plan)")
+
+
+def known_model(controller: Controller, model: str) -> str:
+    """`model` if TorchServe has it registered, else 404 naming the ones it has."""
+    models = controller.models()
+    if model not in models:
+        raise HTTPException(404, f"unknown model {model!r}; registered: {models}")
+    return model
+
+
+def replan_loop(controller: Controller, model: str) -> Policy:
+    """The re-plan loop for a known `model`; 409 when this controller runs without one."""
+    known_model(controller, model)
+    if controller.policy is None:
+        raise HTTPException(409, "the re-plan loop is not running in this controller")
+    return controller.policy
+
+
+def requested_plan(controller: Controller, model: str, req: ApplyRequest) -> Plan:
+    """The plan an apply body asks for: the explicit `instances`, or one computed for `batch`."""
+    known_model(controller, model)
+    if (req.batch is None) == (req.instances is None):
+        raise HTTPException(422, "give exactly one of `batch` (computed plan) or `instances` (explicit plan)")
+    if req.instances is not None:
+        return controller.explicit_plan(model, [(i.threads, i.batch) for i in req.instances])
+    assert req.batch is not None
+    return controller.plan_for(model, req.batch)
