@@ -22,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_modes import Results, build_archive, last_run, load_mode  # noqa: E402
+from packrat.bench.handler_code import handler_module
+from packrat.bench.machine import describe_machine
+from packrat.bench.mode_runs import Results, build_archive, last_run, load_mode
 
 CONFIGS = {"torchserve": "torchserve", "packrat": ""}  # PACKRAT_TS_LOG_CONFIG per configuration
 
@@ -63,14 +64,14 @@ def main() -> int:
     import torch
 
     from packrat.bench.loadgen import Target, closed_loop
-    from packrat.profile.fingerprint import cpu_model
     from packrat.server import start_torchserve
-    from packrat_tasks.text import sample_text
+
+    sample_text = handler_module("packrat_tasks.text").sample_text
 
     results = Results(args.out)
     run = time.strftime("%Y%m%dT%H%M%S")
     cores = sorted(os.sched_getaffinity(0))
-    results.add(run=run, kind="machine", cpu=cpu_model(), cores=len(cores), torch=torch.__version__,
+    results.add(run=run, kind="machine", cpu=describe_machine().cpu, cores=len(cores), torch=torch.__version__,
                 load_avg=os.getloadavg(), command=" ".join(sys.argv))
     precision, runtime = args.mode.split("-")
     with tempfile.TemporaryDirectory(prefix="bench-logging-") as tmp:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -50,10 +49,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "handlers"))
+from packrat.bench.handler_code import handler_module
+from packrat.bench.machine import describe_machine
+from packrat.bench.mode_runs import (
+    Results, bench_torchserve, build_archive, last_run, load_mode, log, request_body, rss_mb, time_calls,
+)
 
 MODES = {
     "resnet50": ["fp32-eager", "fp32-torchscript", "bf16-torchscript", "fp32-onnxruntime",
@@ -67,61 +67,10 @@ MODES.update({"tiny-resnet": MODES["resnet50"], "tiny-bert": MODES["bert-base"],
 PEERS = ("onnxruntime-fp32", "onnxruntime-int8", "openvino-default", "openvino-f32")
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-class Results:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def add(self, **row) -> None:
-        row["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        row["load_avg_1m"] = round(os.getloadavg()[0], 2)  # the machine is shared: say how busy
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        log(json.dumps({k: v for k, v in row.items() if k not in ("guard", "build")}))
-
-
-def time_calls(fn, budget_s: float, min_reps: int = 2, max_reps: int = 20, gap_s: float = 0.0) -> dict:
-    """One warm-up call, then repeats until budget_s or max_reps (at least min_reps), each
-    timed call after `gap_s` seconds idle (0: back to back)."""
-    fn()
-    times = []
-    start = time.perf_counter()
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < budget_s):
-        if gap_s:
-            time.sleep(gap_s)
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1000)
-    return {"p50_ms": round(statistics.median(times), 3), "min_ms": round(min(times), 3),
-            "reps": len(times)}
-
-
-def build_archive(model: str, store: Path, name: str, **options) -> Path:
-    from packrat.archive import ArchiveOptions, build_named
-
-    return build_named(model, store, name, ArchiveOptions(**options), force=True)
-
-
-def load_mode(archive: Path, mode: str, relax_guard: bool = False):
-    import packrat_handler
-
-    config = yaml.safe_load((archive / "model_config.yaml").read_text())
-    precision, runtime = mode.split("-")
-    config["packrat"].update(precision=precision, runtime=runtime)
-    if relax_guard:  # measure speed only; the refusal is recorded beside it
-        config["packrat"]["guard"] = {"min_top1_agreement": 0, "max_prob_diff": 1, "min_cosine": -1,
-                                      "min_exact_fraction": 0}
-    return packrat_handler.load_task(str(archive), config)
-
-
 def bench_in_process(model: str, archive: Path, batches: list[int], budget_s: float, results: Results,
                      run: str, only: list[str] | None) -> dict[tuple[str, int], float]:
-    from packrat_tasks.guard import AccuracyGuardError
-    from packrat_tasks.precision import PrecisionError
+    AccuracyGuardError = handler_module("packrat_tasks.guard").AccuracyGuardError
+    PrecisionError = handler_module("packrat_tasks.precision").PrecisionError
 
     best: dict[tuple[str, int], float] = {}
     for mode in MODES[model]:
@@ -159,7 +108,7 @@ def bench_peers(model: str, archive: Path, batches: list[int], budget_s: float, 
     import openvino as ov
     import torch
 
-    from packrat_tasks.runtime import export_onnx
+    export_onnx = handler_module("packrat_tasks.runtime").export_onnx
 
     task = load_mode(archive, "fp32-eager")
     wrapped = _module_of(task)
@@ -208,8 +157,8 @@ INT8S_TS = ("bf16-openvino", "int8s-openvino")  # the best bf16 mode, and the in
 def bench_int8s_in_process(model: str, archive: Path, batch: int, rounds: int, results: Results,
                            run: str) -> dict:
     """Load every mode (build cost, memory, guard), then time B-batches round by round."""
-    from packrat_tasks.guard import AccuracyGuardError
-    from packrat_tasks.precision import PrecisionError
+    AccuracyGuardError = handler_module("packrat_tasks.guard").AccuracyGuardError
+    PrecisionError = handler_module("packrat_tasks.precision").PrecisionError
 
     tasks = {}
     for mode in INT8S_MODES[model]:
@@ -283,7 +232,7 @@ def bench_int8s_torchserve(model: str, batch: int, body: bytes, results: Results
                 register_s = round(time.perf_counter() - t0, 3)
                 results.add(run=run, kind="int8s-ts-register", model=model, mode=mode, shape=shape,
                             register_s=register_s, workers=len(workers),
-                            worker_rss_mb=[_rss_mb(w["pid"]) for w in workers])
+                            worker_rss_mb=[rss_mb(w["pid"]) for w in workers])
             for r in range(rounds):
                 for mode, name in names.items():
                     target = Target(url=f"{server.inference_url}/predictions/{name}", body=body,
@@ -296,29 +245,6 @@ def bench_int8s_torchserve(model: str, batch: int, body: bytes, results: Results
                 client.unregister(name, "1.0")
     finally:
         server.stop()
-
-
-def _rss_mb(pid: int) -> list[float] | None:
-    """[current, peak] resident MiB of a worker process (peak: quantisation/compile included)."""
-    got = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(("VmRSS:", "VmHWM:")):
-                    got[line[:5]] = round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return [got.get("VmRSS"), got.get("VmHWM")]
-
-
-def last_run(path: Path) -> tuple[list[dict], list[str]]:
-    """The rows of the last run in a JSONL file, and the markdown lines naming its machine."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    run = rows[-1]["run"]
-    rows = [r for r in rows if r.get("run") == run]
-    machine = next((r for r in rows if r["kind"] == "machine"), {})
-    return rows, [f"Run {run}: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')}, "
-                  f"load average at start {machine.get('load_avg')}.", ""]
 
 
 def render_int8s(path: Path) -> str:
@@ -379,82 +305,6 @@ def _tensors(task, batch) -> tuple:
     return (batch.inputs["input_ids"], batch.inputs["attention_mask"])
 
 
-def _body(model: str) -> tuple[bytes, str]:
-    if "resnet" in model:
-        from packrat_tasks.image import sample_jpeg
-
-        return sample_jpeg(), "image/jpeg"
-    if "gpt2" in model:
-        from packrat_tasks.generation import SAMPLE_PROMPT
-
-        return json.dumps({"text": SAMPLE_PROMPT, "max_new_tokens": 16}).encode(), "application/json"
-    return None, "text/plain"  # filled from the archive's tokenizer
-
-
-def bench_torchserve(model: str, mode: str, batches: list[int], results: Results, run: str,
-                     workdir: Path, requests_per_b: int, body: bytes | None = None,
-                     ctype: str = "text/plain", shapes=("fat", "thin"), max_length: int | None = None,
-                     label: str = "torchserve", warm_s: float = 0.0, thin_below_cores: bool = False) -> None:
-    """`thin_below_cores`: also measure thin (one 1-thread worker per core, cap
-    max(1, b / cores)) at batches below the core count, where it is skipped by default.
-    `warm_s`: seconds of load sent to each model before its measured requests, so the
-    frontend's JIT compiler has settled (TorchServe's JVM compiles its request path over
-    its first few thousand requests, on the cores the worker needs)."""
-    from packrat.server import start_torchserve
-    from packrat.bench.loadgen import Target, closed_loop
-
-    cores = sorted(os.sched_getaffinity(0))
-    store = workdir / "store"
-    precision, runtime = mode.split("-")
-    if body is None:
-        archive = build_archive(model, store, f"{model}-probe", max_length=max_length)
-        task = load_mode(archive, "fp32-eager")
-        n = max_length or 128
-        from packrat_tasks.text import sample_text
-
-        body = sample_text(task.tokenizer, n).encode()
-        del task
-    names = []
-    for b in batches:
-        for shape in shapes:
-            if shape == "thin" and ((b < len(cores) and not thin_below_cores) or len(cores) < 2):
-                continue
-            name = f"{model}-{mode}-{shape}-b{b}"
-            extra = {}
-            if shape == "thin":
-                extra = {"plan_id": f"bench-{name}-{os.getpid()}",
-                         "slots": [{"cores": [c], "threads": 1} for c in cores]}
-            else:
-                extra = {"plan_id": f"bench-{name}-{os.getpid()}",
-                         "slots": [{"cores": cores, "threads": len(cores)}]}
-            if "gpt2" in model:
-                extra.update(max_new_tokens_cap=16)
-            build_archive(model, store, name, precision=precision, runtime=runtime,
-                          batch_size=b if shape == "fat" else max(1, b // len(cores)),
-                          max_batch_delay_ms=5 if b > 1 else 0,
-                          workers=1 if shape == "fat" else len(cores), max_length=max_length, extra=extra)
-            names.append((name, b, shape))
-    server = start_torchserve(store, workdir / "ts")
-    try:
-        client = server.management_client()
-        token = server.inference_headers()["Authorization"].split(" ", 1)[1]
-        for name, b, shape in names:
-            client.register(name, name, 1 if shape == "fat" else len(cores), timeout_s=900)
-            target = Target(url=f"{server.inference_url}/predictions/{name}", body=body,
-                            content_type=ctype, token=token)
-            if warm_s > 0:
-                closed_loop(target, clients=b, requests_count=10**9, warmup=0, max_duration_s=warm_s)
-            res = closed_loop(target, clients=b, requests_count=max(requests_per_b, 2 * b),
-                              warmup=2 * b, max_duration_s=300)
-            ok_ms = [r.latency_ms for r in res.records if r.ok]
-            results.add(run=run, kind=label, model=model, mode=mode, batch=b, shape=shape, warm_s=warm_s,
-                        min_ms=round(min(ok_ms), 3) if ok_ms else None,
-                        **{k: v for k, v in res.summary().items() if k != "mode"})
-            client.unregister(name, "1.0")
-    finally:
-        server.stop()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet50,bert-base,gpt2")
@@ -493,7 +343,7 @@ def main() -> int:
     batches = [int(b) for b in args.batches.split(",")]
     only = args.modes.split(",") if args.modes else None
     ts_batches = [int(b) for b in args.ts_batches.split(",")]
-    results.add(run=run, kind="machine", cpu=_cpu(), cores=len(os.sched_getaffinity(0)),
+    results.add(run=run, kind="machine", cpu=describe_machine().cpu, cores=len(os.sched_getaffinity(0)),
                 torch=torch.__version__, load_avg=os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="bench-modes-") as tmp:
         tmp = Path(tmp)
@@ -521,17 +371,10 @@ def main() -> int:
                     totals[mode] = totals.get(mode, 0.0) + ms / b
                 choice = min(totals, key=totals.get)
                 log(f"{model}: best in-process mode {choice}; through TorchServe")
-                body, ctype = _body(model)
+                body, ctype = request_body(model)
                 bench_torchserve(model, choice, ts_batches, results, run, tmp / f"ts-{model}",
                                  args.requests, body, ctype)
     return 0
-
-
-def _cpu() -> str:
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def render(path: Path) -> str:

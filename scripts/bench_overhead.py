@@ -39,9 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_modes import (  # noqa: E402
-    Results, _body, bench_torchserve, build_archive, last_run, load_mode, time_calls,
+from packrat.bench.machine import describe_machine
+from packrat.bench.mode_runs import (
+    Results, bench_torchserve, build_archive, last_run, load_mode, request_body, time_calls,
 )
 
 
@@ -110,9 +110,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # finally blocks stop TorchServe
     results = Results(args.out)
     run = time.strftime("%Y%m%dT%H%M%S")
-    from packrat.profile.fingerprint import cpu_model
-
-    results.add(run=run, kind="machine", cpu=cpu_model(), cores=len(os.sched_getaffinity(0)),
+    results.add(run=run, kind="machine", cpu=describe_machine().cpu, cores=len(os.sched_getaffinity(0)),
                 torch=importlib.metadata.version("torch"), load_avg=os.getloadavg(), command=" ".join(sys.argv))
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         tmp = Path(tmp)
@@ -130,7 +128,7 @@ def main() -> int:
             in_process(text, args.mode, 1, args.seconds, results, run, tmp / "store", "after",
                        max_length=8, threads=threads)
         in_process(image, args.mode, 8, args.seconds, results, run, tmp / "store", "before")
-        body, ctype = _body(image)
+        body, ctype = request_body(image)
         bench_torchserve(image, args.mode, [8], results, run, tmp / "ts-image", args.requests // 2,
                          body, ctype, label="torchserve", warm_s=args.warm_s)
         in_process(image, args.mode, 8, args.seconds, results, run, tmp / "store", "after")
