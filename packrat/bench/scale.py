@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from packrat.archive.builder import ArchiveOptions, build_named
+from packrat.bench.machine import describe_machine
 from packrat.cores import usable_cores
 from packrat.plan import every_uniform_plan, optimal_plan
 from packrat.profile import ArchiveRef, ProfileSettings, open_archive, run_profile, save_profile
-from packrat.profile.fingerprint import cpu_model
 from packrat.profile.runner import _run_worker as run_worker  # one profiling worker, events as they land
 from packrat.types import Plan, Profile
 
@@ -251,19 +251,6 @@ def targets(summary: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def machine() -> dict[str, Any]:
-    flags: list[str] = []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                want = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
-                flags = [f for f in line.split(":", 1)[1].split() if f in want]
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu_model(), "flags": flags, "usable_cores": len(usable_cores().cores)}
-
-
 def write(settings: ScaleSettings, rows: list[dict[str, Any]], cores: int) -> dict[str, Any]:
     out = settings.out
     with (out / "scale-results.jsonl").open("w") as f:
@@ -276,7 +263,7 @@ def write(settings: ScaleSettings, rows: list[dict[str, Any]], cores: int) -> di
             w.writeheader()
             w.writerows(summary)
     verdict = targets(summary)
-    head = {"machine": machine(), "cores": cores,
+    head = {"machine": describe_machine().as_dict(), "cores": cores,
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
             "targets": verdict}
     lines = [f"# Scale check: thin against fat on {cores} cores", "",
