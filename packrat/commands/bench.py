@@ -5,12 +5,16 @@ from __future__ import annotations
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from packrat.errors import ConfigError, PackratError
+
+if TYPE_CHECKING:  # the CLI starts without the bench; its modules load when a bench command runs
+    from packrat.bench.run import BenchSettings
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -70,53 +74,82 @@ def bench_command(
 ) -> None:
     """Measure fat, TorchServe defaults, packrat, the oracle and (tuned) fat-tuned and tuned side by side
     through a real TorchServe."""
-    from packrat.bench.report import write_report
-    from packrat.bench.run import BenchSettings, full_settings, quick_settings
-    from packrat.bench.tuned import TUNED_CONFIGS
-
     out = out or Path("bench-out") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    try:
+
+    def make_settings() -> BenchSettings:
         if quick and full:
             raise ConfigError("--quick and --full exclude each other")
-        kw: dict = dict(requests=requests, attach=attach, profile_path=profile, runtime=runtime,
-                        batch_delay_ms=batch_delay_ms,
-                        capacity=not no_capacity, progress=not quiet,
-                        command="packrat bench " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []))
-        if model:
-            kw["models"] = tuple(model)
-        if batches:
-            kw["batches"] = _ints(batches)
-        if configs:
-            kw["configs"] = _configs(configs)
-        named_tuned = bool(configs) and any(c in kw["configs"] for c in TUNED_CONFIGS)
-        if tuned is False and named_tuned:
-            raise ConfigError(f"--configs names {' / '.join(TUNED_CONFIGS)}, which need tuning: drop --no-tuned")
-        if tuned is not None or named_tuned:
-            kw["tune"] = bool(tuned) or named_tuned
-        if tune_budget is not None:
-            kw["tune_budget_s"] = tune_budget
-        if tune_mode:
-            from packrat.tune import TuneSettings
-
-            TuneSettings(cores=1, modes=tuple(tune_mode)).validate(1)  # an unknown mode fails here, not mid-run
-            kw["tune_modes"] = tuple(tune_mode)
-        if tune_point_budget is not None:
-            kw["tune_point_budget_s"] = tune_point_budget
+        kw: dict[str, Any] = dict(requests=requests, attach=attach, profile_path=profile, runtime=runtime,
+                                  batch_delay_ms=batch_delay_ms, capacity=not no_capacity, progress=not quiet,
+                                  command="packrat bench " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []))
+        kw.update(_chosen(model, batches, configs))
+        kw.update(_tuning(kw.get("configs", ()), tuned, tune_budget, tune_mode, tune_point_budget))
         if budget_min is not None:
             kw["budget_s"] = budget_min * 60.0
-        if quick:
-            settings = quick_settings(out, **kw)
-        elif full:
-            settings = full_settings(out, **kw)
-        else:
-            if not model or not batches:
-                raise ConfigError("give --model and --batches, or --quick / --full")
-            settings = BenchSettings(out=out, **kw)
-        if profile is not None and len(settings.models) != 1:
+        chosen = _preset(out, quick, full, kw)
+        if profile is not None and len(chosen.models) != 1:
             raise ConfigError("--profile applies to exactly one --model")
-        from packrat.bench.run import Bench
+        return chosen
 
-        results = Bench(settings).run()
+    results = _run(out, make_settings)
+    typer.echo((out / "summary.md").read_text())
+    typer.echo(f"results: {results}  report: {out / 'summary.md'}  chart: {out / 'latency.png'}")
+
+
+def _chosen(model: list[str] | None, batches: str | None, configs: str | None) -> dict[str, Any]:
+    """What to measure: the models, loads and configurations named (the preset's where not)."""
+    kw: dict[str, Any] = {}
+    if model:
+        kw["models"] = tuple(model)
+    if batches:
+        kw["batches"] = _ints(batches)
+    if configs:
+        kw["configs"] = _configs(configs)
+    return kw
+
+
+def _tuning(configs: tuple[str, ...], tuned: bool | None, budget: float | None, modes: list[str] | None,
+            point_budget: float | None) -> dict[str, Any]:
+    """The tune options; naming a tuned configuration switches tuning on."""
+    from packrat.bench.tuned import TUNED_CONFIGS
+
+    kw: dict[str, Any] = {}
+    named_tuned = any(c in configs for c in TUNED_CONFIGS)
+    if tuned is False and named_tuned:
+        raise ConfigError(f"--configs names {' / '.join(TUNED_CONFIGS)}, which need tuning: drop --no-tuned")
+    if tuned is not None or named_tuned:
+        kw["tune"] = bool(tuned) or named_tuned
+    if budget is not None:
+        kw["tune_budget_s"] = budget
+    if modes:
+        from packrat.tune import TuneSettings
+
+        TuneSettings(cores=1, modes=tuple(modes)).validate(1)  # an unknown mode fails here, not mid-run
+        kw["tune_modes"] = tuple(modes)
+    if point_budget is not None:
+        kw["tune_point_budget_s"] = point_budget
+    return kw
+
+
+def _preset(out: Path, quick: bool, full: bool, kw: dict[str, Any]) -> BenchSettings:
+    from packrat.bench.run import BenchSettings, full_settings, quick_settings
+
+    if quick:
+        return quick_settings(out, **kw)
+    if full:
+        return full_settings(out, **kw)
+    if "models" not in kw or "batches" not in kw:
+        raise ConfigError("give --model and --batches, or --quick / --full")
+    return BenchSettings(out=out, **kw)
+
+
+def _run(out: Path, settings: Callable[[], BenchSettings]) -> Path:
+    """Run the bench; on a failure or Ctrl-C, report what was measured before it and exit."""
+    from packrat.bench.report import write_report
+    from packrat.bench.run import Bench
+
+    try:
+        return Bench(settings()).run()
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -131,8 +164,6 @@ def bench_command(
             write_report(out / "results.jsonl")
             typer.echo(f"interrupted; what was measured is in {out / 'summary.md'}", err=True)
         raise typer.Exit(130) from None
-    typer.echo((out / "summary.md").read_text())
-    typer.echo(f"results: {results}  report: {out / 'summary.md'}  chart: {out / 'latency.png'}")
 
 
 def bench_report_command(
