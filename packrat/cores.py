@@ -28,10 +28,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from packrat import settings
 from packrat.errors import ConfigError
 from packrat.cpulist import parse_cpu_list
 
-ENV_VAR = "PACKRAT_CORES"
+ENV_VAR = settings.get("cores").env
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,8 @@ def usable_cores(
 ) -> UsableCores:
     """The cores Packrat may plan on; `override` (or $PACKRAT_CORES) wins when given."""
     aff = tuple(sorted(affinity if affinity is not None else os.sched_getaffinity(0)))
-    given = override if override is not None else os.environ.get(ENV_VAR) or None
+    asked = settings.lookup("cores", cli=override)  # override > $PACKRAT_CORES > none
+    given = asked.value
     version, cpuset, quota = _limits(root)
     if given:
         try:
@@ -149,7 +151,7 @@ def usable_cores(
             raise ConfigError(f"cores {given!r}: not a CPU list such as 0-3,8") from exc
         if not cores:
             raise ConfigError(f"cores {given!r}: no core given")
-        source = "override" if override is not None else f"${ENV_VAR}"
+        source = "override" if asked.source == "cli" else f"${ENV_VAR}"
         return UsableCores(cores, aff, cpuset, quota, version, f"{source} {given!r}")
     cores = tuple(c for c in aff if cpuset is None or c in cpuset)
     reason = [f"affinity {len(aff)} cores"]

@@ -34,14 +34,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import requests
 
-from packrat import forkserver
+from packrat import forkserver, settings
 from packrat.apply.keys import KEY_FILE_NAME, Keys, read_keys
 from packrat.errors import ServerError, TorchServeError
 from packrat.tslog import with_log_config
@@ -373,15 +372,14 @@ def start_torchserve(
     config_path.write_text(render_properties(config_template, ports, model_store, extra_properties))
 
     child_env = dict(os.environ if env is None else env)
+    slot_env = settings.get("slot_dir").env
     if slot_dir is not None:
         # Created by the first worker (packrat.slots sets its permissions).
-        child_env["PACKRAT_SLOT_DIR"] = str(Path(slot_dir).resolve())
+        child_env[slot_env] = str(Path(slot_dir).resolve())
     else:
         # Not the per-instance TMPDIR below: a controller started on its own must
         # find the same directory by the same rule (packrat.slots.slot_root()).
-        child_env.setdefault(
-            "PACKRAT_SLOT_DIR", str(Path(tempfile.gettempdir()) / "packrat-slots")
-        )
+        child_env[slot_env] = str(settings.value("slot_dir", env=child_env))
     child_env["TMPDIR"] = str(tmp)  # launcher pid file
     child_env["TEMP"] = str(tmp)  # -> -Djava.io.tmpdir: worker unix sockets
     child_env.pop("TS_CONFIG_FILE", None)  # would override --ts-config
@@ -419,7 +417,7 @@ def start_torchserve(
         pid=proc.pid,
         ports=ports,
         config_path=config_path,
-        slot_dir=Path(child_env["PACKRAT_SLOT_DIR"]),
+        slot_dir=Path(child_env[slot_env]),
         _proc=proc,
     )
     server.save()

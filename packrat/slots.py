@@ -52,13 +52,13 @@ import json
 import os
 import stat
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packrat import settings
 from packrat.cpulist import cpus_allowed_list, parse_cpu_list  # noqa: F401 - re-exported for readers of slots
 from packrat.errors import ConfigError
 from packrat.worker_counters import LiveCounters, read_counters
@@ -117,9 +117,8 @@ def pin_process(cores: Iterable[int], threads: int) -> None:
 # Extra nice value for a new worker's load and warm-up: they run on the cores the
 # version being replaced serves on. By the CFS weights (335 : 1024) 5 leaves the loader
 # about a quarter of a core beside a busy serving thread; chosen by measuring 0, 5 and 10
-# on the 2-core EPYC (docs/live-plans.md). 0 leaves the priority alone.
-LOAD_NICE_ENV = "PACKRAT_LOAD_NICE"
-DEFAULT_LOAD_NICE = 5
+# on the 2-core EPYC (docs/live-plans.md). 0 leaves the priority alone. The value and
+# its variable: packrat.settings, "load_nice".
 _CAP_SYS_NICE = 23
 
 
@@ -158,8 +157,10 @@ class lowered_priority:
 
     def __init__(self, extra: int | None = None) -> None:
         if extra is None:
-            raw = os.environ.get(LOAD_NICE_ENV, "").strip()
-            extra = int(raw) if raw.lstrip("-").isdigit() else DEFAULT_LOAD_NICE
+            try:
+                extra = settings.value("load_nice")
+            except settings.SettingError:  # a worker must load anyway: a bad value counts as unset
+                extra = settings.get("load_nice").default
         self.extra = max(0, min(extra, 19))
         self.before = os.getpriority(os.PRIO_PROCESS, 0)
         self.active = self.extra > 0 and can_restore_priority(self.before)
@@ -216,7 +217,7 @@ class SlotClaim:
 
 
 def slot_root() -> Path:
-    return Path(os.environ.get("PACKRAT_SLOT_DIR", Path(tempfile.gettempdir()) / "packrat-slots"))
+    return settings.value("slot_dir")  # $PACKRAT_SLOT_DIR, else $TMPDIR/packrat-slots
 
 
 def secure_dir(path: Path) -> Path:

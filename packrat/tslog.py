@@ -19,15 +19,17 @@ import logging
 import os
 from pathlib import Path
 
+from packrat import settings
+
 LOG_CONFIG = Path(__file__).with_name("log4j2.xml")
 # A path to another log4j2 file, or "torchserve" for TorchServe's built-in configuration
 # (debug lines for every request: useful when following one through the frontend).
-ENV = "PACKRAT_TS_LOG_CONFIG"
+ENV = settings.get("ts_log_config").env
 BUILT_IN = "torchserve"
 
 
 def _asked(env: dict[str, str] | None) -> str:
-    return (os.environ if env is None else env).get(ENV, "").strip()
+    return settings.value("ts_log_config", env=env) or ""
 
 
 def chosen_log_config(env: dict[str, str] | None = None) -> Path | None:

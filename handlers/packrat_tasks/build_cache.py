@@ -58,9 +58,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from packrat import settings
+
 log = logging.getLogger(__name__)
 
-ENV = "PACKRAT_BUILD_CACHE"
 DEFAULT_NAME = ".packrat-build-cache"
 COMPLETE = ".complete"  # written last inside a build; a key dir without it is not used
 KEY_FILE = "key.json"  # the key in clear, for a human looking at the cache
@@ -278,9 +279,9 @@ def _secure_root(path: Path) -> Path:
 
 def cache_root(model_dir: str) -> Path:
     """$PACKRAT_BUILD_CACHE, else `.packrat-build-cache/` beside the model directory."""
-    given = os.environ.get(ENV)
-    if given:
-        return _secure_root(Path(given))  # the operator chose it: an error is an error
+    given = settings.value("build_cache")
+    if given is not None:
+        return _secure_root(given)  # the operator chose it: an error is an error
     # realpath: TorchServe 0.12 hands a worker `<tmp>/models/<uuid>/<name>`, a symlink
     # to the directory in the model store, and a new uuid per registration.
     beside = Path(os.path.realpath(model_dir)).parent / DEFAULT_NAME

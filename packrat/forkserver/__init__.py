@@ -25,8 +25,9 @@ PACKRAT_FORKSERVER=0 turns both off.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from packrat import settings
 
 SHIM_SOURCE = Path(__file__).with_name("shim.py")
 # True in a process the fork server forked (server.become_worker sets it).
@@ -36,8 +37,7 @@ _SHEBANG_MAX = 255
 
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
-    return env.get("PACKRAT_FORKSERVER", "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.value("forkserver", env=environ)  # $PACKRAT_FORKSERVER, on unless 0/false/no/off
 
 
 def write_shim(path: Path, real_python: str, socket_path: str) -> bool:

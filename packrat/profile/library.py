@@ -22,19 +22,19 @@ mtime changes.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from packrat import settings
 from packrat.errors import ProfileError
 from packrat.profile.fingerprint import config_in_mode, current_fingerprint, differences, mode_from_config
 from packrat.profile.identity import CONFIG_NAME, _skipped, content_hash, read_config_file
 from packrat.profile.store import load_profile
 from packrat.types import Fingerprint, Profile
 
-DEFAULT_STATE_DIR = Path(".packrat")
+DEFAULT_STATE_DIR: Path = settings.get("state_dir").default
 
 
 def profiles_dir(state_dir: str | Path, model: str) -> Path:
@@ -190,4 +190,4 @@ def usable_profiles(state_dir: str | Path, model: str, base_dir: str | Path,
 
 def default_state_dir() -> Path:
     """PACKRAT_STATE_DIR if set, else .packrat (relative to the working directory)."""
-    return Path(os.environ.get("PACKRAT_STATE_DIR") or DEFAULT_STATE_DIR)
+    return settings.value("state_dir")
