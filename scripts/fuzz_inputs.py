@@ -7,7 +7,7 @@
 Builds the tiny archives with the shipped default limits into a scratch store
 (bench-out/fuzz), starts TorchServe on free loopback ports (token auth on) and
 registers one batching version (batch 4) per task. Each hypothesis example
-draws a task and one fuzzed request from tests/fuzz_support.py's strategies
+draws a task and one fuzzed request from packrat/bench/fuzz.py's strategies
 (the ones tests/test_fuzz_inputs.py uses, with larger real images; one draw
 per example, since several draws per example made hypothesis skew away from
 images). Three fuzzed requests of a task are sent at once with one good
@@ -33,9 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -45,15 +43,16 @@ from pathlib import Path
 
 import requests
 
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
+
+from packrat.archive import ArchiveOptions, build_named
+from packrat.bench.fuzz import DOCUMENTED, FORM_TYPES, TASKS, Fuzz, good_request, requests_for  # shared with the CI fuzz test
+from packrat.bench.machine import describe_machine
+from packrat.bench.stats import percentile
+from packrat.server import start_torchserve
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # the strategies are shared with the CI fuzz test
-
-from fuzz_support import DOCUMENTED, FORM_TYPES, TASKS, Fuzz, good_request, requests_for  # noqa: E402
-from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from packrat.archive import ArchiveOptions, build_named  # noqa: E402
-from packrat.server import start_torchserve  # noqa: E402
 
 # TorchServe's frontend refuses bodies above max_request_size (6553500 bytes by
 # default) with an empty 413 before any worker sees them.
@@ -212,20 +211,6 @@ class Campaign:
                 "inputs": sum(sum(v.values()) for v in counts.values()), "five_xx_examples": examples}
 
 
-def _cpu() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        model = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        model = platform.processor() or "unknown"
-    return f"{model}, {os.cpu_count()} cores"
-
-
-def _percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--inputs", type=int, default=10_000)
@@ -267,7 +252,7 @@ def main() -> None:
         totals.update(statuses)
     result = {
         "command": "scripts/fuzz_inputs.py " + " ".join(sys.argv[1:]),
-        "cpu": _cpu(),
+        "cpu": f"{describe_machine().cpu}, {os.cpu_count()} cores",
         "load_average_before_after": [round(load_before[0], 1), round(load_after[0], 1)],
         "torch": __import__("torch").__version__,
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
@@ -287,7 +272,7 @@ def main() -> None:
         "by_task": {t: {k: dict(sorted(v.items())) for k, v in sorted(kinds.items())}
                     for t, kinds in sorted(campaign.counts.items())},
         "frontend_form_probes": frontend,
-        "latency_s_by_kind": {k: {"p50": round(_percentile(v, 0.5), 3), "p99": round(_percentile(v, 0.99), 3),
+        "latency_s_by_kind": {k: {"p50": round(percentile(v, 50), 3), "p99": round(percentile(v, 99), 3),
                                   "max": round(max(v), 3)} for k, v in sorted(campaign.latency.items())},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

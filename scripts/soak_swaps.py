@@ -25,27 +25,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import urllib3
+from packrat.apply.swap import Swapper
+from packrat.bench.loadgen import PoissonLoad
+from packrat.bench.machine import describe_machine
+from packrat.bench.sleepmodel import copy_sleep_model
+from packrat.server import start_torchserve
+from packrat.types import Instance, Plan
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-
-from packrat.apply.swap import Swapper  # noqa: E402
-from packrat.server import start_torchserve  # noqa: E402
-from packrat.types import Instance, Plan  # noqa: E402
-from reliability_support import copy_sleep_model  # noqa: E402
 
 MODEL = "soak"
 THIN = Plan(cores=2, batch=4, instances=(Instance(1, 2, 0.0), Instance(1, 2, 0.0)), predicted_latency_ms=0.0)
@@ -53,63 +48,9 @@ FAT = Plan(cores=2, batch=4, instances=(Instance(2, 4, 0.0),), predicted_latency
 HOLD_S = 3.0
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown CPU"
-
-
-class OpenLoop:
-    """Poisson arrivals at `rate`/s; each request on its own pool thread and connection pool slot."""
-
-    def __init__(self, url: str, headers_fn, rate: float, timeout_s: float = 120.0) -> None:
-        self.url, self.headers_fn, self.rate, self.timeout_s = url, headers_fn, rate, timeout_s
-        self.http = urllib3.PoolManager(maxsize=256, retries=False, timeout=timeout_s)
-        self.pool = ThreadPoolExecutor(256)
-        self.results: list[dict] = []
-        self.lock = threading.Lock()
-        self.stop_flag = threading.Event()
-        self.thread = threading.Thread(target=self._drive, daemon=True)
-        self.sent = 0
-
-    def _one(self, i: int) -> None:
-        t0 = time.monotonic()
-        rec = {"i": i, "start": t0}
-        try:
-            r = self.http.request("POST", self.url, body=f"soak {i}".encode(), headers=self.headers_fn())
-            ok = r.status == 200 and "batch" in json.loads(r.data)
-            rec.update(status=r.status, outcome="ok" if ok else "failed",
-                       error=None if ok else r.data[:200].decode(errors="replace"))
-        except urllib3.exceptions.ReadTimeoutError as exc:
-            rec.update(status=0, outcome="lost", error=repr(exc)[:200])
-        except Exception as exc:  # noqa: BLE001 - every failure is counted
-            rec.update(status=0, outcome="failed", error=repr(exc)[:200])
-        rec["latency_s"] = round(time.monotonic() - t0, 4)
-        with self.lock:
-            self.results.append(rec)
-
-    def _drive(self) -> None:
-        rng = random.Random(14)
-        nxt = time.monotonic()
-        while not self.stop_flag.is_set():
-            nxt += rng.expovariate(self.rate)
-            delay = nxt - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            self.pool.submit(self._one, self.sent)
-            self.sent += 1
-
-    def start(self) -> "OpenLoop":
-        self.thread.start()
-        return self
-
-    def stop(self) -> list[dict]:
-        self.stop_flag.set()
-        self.thread.join()
-        self.pool.shutdown(wait=True)
-        return self.results
+def answered(i: int, data: bytes) -> bool:
+    """The sleep model answers each request with the batch it was served in."""
+    return "batch" in json.loads(data)
 
 
 def main() -> int:
@@ -136,7 +77,8 @@ def main() -> int:
         server.register(MODEL)
         swapper = Swapper(client, store, cores=[0, 1])
         swapper.apply(MODEL, THIN)  # start from a Packrat version
-        load = OpenLoop(f"{server.inference_url}/predictions/{MODEL}", server.inference_headers, args.rate).start()
+        load = PoissonLoad(f"{server.inference_url}/predictions/{MODEL}", server.inference_headers, args.rate,
+                           body=lambda i: f"soak {i}".encode(), check=answered).start()
         time.sleep(2.0)
         deadline = time.monotonic() + args.max_minutes * 60
         for k in range(args.swaps):
@@ -184,7 +126,7 @@ def main() -> int:
     durations = sorted(r["duration_s"] for r in records if r.get("duration_s"))
     summary = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t_begin)),
-        "cpu": cpu_name(), "cores": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
+        "cpu": describe_machine().cpu, "cores": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
         "elapsed_s": round(elapsed, 1), "swaps": len(records), "swaps_applied": swaps_ok,
         "held_batches": len(holds), "rate_per_s": args.rate,
         "requests": len(results), "ok": len(by["ok"]), "failed": len(by["failed"]), "lost": len(by["lost"]),

@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Callable
-from pathlib import Path
 
 from packrat.apply.swap import unread_bytes
+from packrat.bench.sleepmodel import SLEEP_MODEL, copy_sleep_model  # noqa: F401 - the tests import them from here
 from waiting import wait_until
-
-SLEEP_MODEL = Path(__file__).parent / "data" / "observe" / "sleepmodel"
-
-
-def copy_sleep_model(store: Path, name: str) -> Path:
-    """The sleep model (sleeps a table latency per batch, claims its slot) as `name` in `store`."""
-    base = store / name
-    shutil.copytree(SLEEP_MODEL, base, ignore=shutil.ignore_patterns("__pycache__"))
-    manifest = json.loads((base / "MAR-INF" / "MANIFEST.json").read_text())
-    manifest["model"]["modelName"] = name
-    (base / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
-    return base
 
 
 def wait_for(cond: Callable[[], object], timeout_s: float, what: str) -> None:

@@ -1,6 +1,6 @@
 """Property-based fuzzing of every task's inputs through a real TorchServe (hypothesis).
 
-Each example sends one fuzzed request (tests/fuzz_support.py: arbitrary bytes
+Each example sends one fuzzed request (packrat/bench/fuzz.py: arbitrary bytes
 and text, arbitrary and deeply nested JSON, JSON with the task's fields,
 images of random size/mode/format, damaged images, lying headers, base64 junk,
 bodies around the size limit), for batching archives together with three good
@@ -21,7 +21,7 @@ import io
 from hypothesis import example, find, given, settings
 from PIL import Image
 
-from fuzz_support import DOCUMENTED, Fuzz, good_request, image_bytes, requests_for
+from packrat.bench.fuzz import DOCUMENTED, Fuzz, good_request, image_bytes, requests_for
 from serving_support import ensure_registered, predict, predict_together, worker_pids
 
 pytestmark = pytest.mark.torchserve

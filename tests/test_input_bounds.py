@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fuzz_support import png_claiming
+from packrat.bench.fuzz import png_claiming
 from serving_support import ensure_registered, predict_together, worker_pids
 
 pytestmark = pytest.mark.torchserve

@@ -7,7 +7,6 @@ import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from packrat.cores import usable_cores
 from packrat.profile.fingerprint import cpu_model
 
 # The instruction sets the execution modes care about (bf16, int8, AMX): docs/modes.md.
@@ -18,7 +17,7 @@ FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile"
 class Machine:
     cpu: str  # the CPU's model name
     flags: tuple[str, ...]  # which of FLAGS_OF_INTEREST it has
-    cores: int  # cores this process may use (affinity, cgroup cpuset and quota)
+    cores: int  # CPUs this process may run on (its affinity)
     cpus: int  # CPUs the kernel reports (os.cpu_count())
     memory_gib: float
     python: str
@@ -44,5 +43,5 @@ def memory_gib() -> float:
 
 
 def describe_machine() -> Machine:
-    return Machine(cpu=cpu_model(), flags=cpu_flags(), cores=len(usable_cores().cores),
+    return Machine(cpu=cpu_model(), flags=cpu_flags(), cores=len(os.sched_getaffinity(0)),
                    cpus=os.cpu_count() or 0, memory_gib=memory_gib(), python=platform.python_version())

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from typing import Any
 
 from packrat.apply.versions import batch_delay_ms
 from packrat.bench.loadgen import LoadResult, Target, closed_loop
+from packrat.bench.machine import describe_machine
 from packrat.bench.results import CONFIGS, Measurement, ResultLog, shape_label
 from packrat.bench.tuned import TUNED_CONFIGS, TunedPair
 from packrat.errors import ConfigError, PackratError
@@ -184,21 +184,13 @@ def predicted(plan: Plan) -> float | None:
 
 
 def machine_info() -> dict[str, Any]:
-    import psutil
-
-    cpu = platform.processor() or "unknown"
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                cpu = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
+    m = describe_machine()
     info = {
-        "cpu": cpu,
-        "usable_cores": len(os.sched_getaffinity(0)),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(),
+        "cpu": m.cpu,
+        "flags": list(m.flags),
+        "usable_cores": m.cores,
+        "memory_gib": m.memory_gib,
+        "python": m.python,
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
     try:

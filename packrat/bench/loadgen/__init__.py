@@ -7,12 +7,15 @@ connection per sending thread, loopback only):
   loop (Poisson arrivals), a fixed number of measured requests -> LoadResult;
 * continuous.py: ContinuousLoad, closed loop until stopped, every answer
   checked and every request accounted for (swap tests and measurements);
+* arrivals.py: PoissonLoad, an open loop until stopped, every answer checked
+  (soak runs);
 * stepped.py: StepLoad, a closed loop whose concurrency follows a schedule
   (adaptation tests and traces).
 
 Latency percentiles everywhere come from packrat.bench.stats.percentile.
 """
 
+from packrat.bench.loadgen.arrivals import PoissonLoad
 from packrat.bench.loadgen.connection import Connection, check_loopback
 from packrat.bench.loadgen.continuous import STOP_GRACE_S, Check, ContinuousLoad, Sample, in_windows
 from packrat.bench.loadgen.counted import (
@@ -31,7 +34,7 @@ from packrat.bench.loadgen.stepped import Sent, Step, StepLoad
 from packrat.bench.stats import percentile
 
 __all__ = [
-    "BATCH_SIZE_HEADER", "Check", "Connection", "ContinuousLoad", "LoadResult", "RequestRecord",
+    "BATCH_SIZE_HEADER", "Check", "Connection", "ContinuousLoad", "LoadResult", "PoissonLoad", "RequestRecord",
     "STOP_GRACE_S", "Sample", "Sent", "Step", "StepLoad", "Target", "check_loopback", "closed_loop",
     "format_capacity", "in_windows", "measure_capacity", "open_loop", "percentile", "poisson_schedule",
     "summarise",

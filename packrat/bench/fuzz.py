@@ -1,6 +1,6 @@
 """Fuzzed requests for every task: hypothesis strategies shared by
 tests/test_fuzz_inputs.py (a few hundred, in CI) and scripts/fuzz_inputs.py
-(the long campaign).
+(the long campaign). Needs hypothesis (the test extra).
 
 Each strategy draws a `Fuzz`: an input class (`kind`, the row of
 docs/reliability.md it counts towards), a body and a Content-Type. Bodies stay
@@ -37,7 +37,7 @@ class Fuzz:
         self.kind, self.body, self.content_type = kind, body, content_type
 
     def kwargs(self) -> dict:
-        """Keyword arguments for serving_support.predict."""
+        """Keyword arguments for tests/serving_support.predict."""
         return {"body": self.body, "headers": {"Content-Type": self.content_type} if self.content_type else {}}
 
     def __repr__(self) -> str:  # hypothesis prints failing examples: keep them short
@@ -270,7 +270,7 @@ def requests_for(task: str, body_limit: int = 1 << 20, max_pixels: int = 1_000_0
 
 
 def good_request(task: str) -> dict:
-    """A valid request for the task (kwargs for serving_support.predict)."""
+    """A valid request for the task (kwargs for tests/serving_support.predict)."""
     if task == "image-classification":
         return {"body": encode_image(64, 48, "RGB", "PNG", True, 3)}
     return {"body": b"a perfectly fine input"}
