@@ -84,7 +84,7 @@ def read_run(path: Path) -> Run:
     if missing:
         raise ValueError(f"{path.name}: header lacks {', '.join(missing)}")
     title = header.get("title") or title_of(text, path.stem)
-    if title == "packrat bench":  # its summary.md is titled "Benchmark results": name the run
+    if title in ("packrat bench", "Benchmark results"):  # bench's summary.md title: name the run
         title = f"packrat bench: {path.stem.removesuffix('-summary')}"
     return Run(path, title,
                header["date"], header["machine"], header["command"], header["figures"])
