@@ -61,11 +61,11 @@ def main() -> int:
     args = ap.parse_args()
 
     from packrat.archive import build_named
-    from packrat.profile.fingerprint import cpu_model
+    from packrat.bench.machine import describe_machine
 
     store = REPO / "bench-out" / "profile-start-store"
     store.mkdir(parents=True, exist_ok=True)
-    result = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model(),
+    result = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": describe_machine().cpu,
               "cpus": len(os.sched_getaffinity(0)), "command": "scripts/bench_profile_start.py " + " ".join(sys.argv[1:]),
               "loadavg_before": os.getloadavg(), "runs": []}
     for model in args.models.split(","):

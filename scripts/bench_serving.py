@@ -5,7 +5,7 @@ Starts its own TorchServe (free loopback ports, token on, the repo's
 config.properties) on the demo archives in model-store/ (build them with
 `make run` or `packrat archive ...`), registers each model with one worker,
 then per model: warm-up requests, then timed requests one after another from
-one client (keep-alive session). Reports p50/p99/mean latency and throughput,
+one client (packrat.bench.loadgen's closed loop with one client, keep-alive). Reports p50/p99/mean latency and throughput,
 plus the `noop` model: TorchServe's own round trip (HTTP, queue, worker
 socket, Python handler) with no model at all.
 
@@ -17,17 +17,16 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import platform
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import requests
 from PIL import Image
 
+from packrat.bench.loadgen import Target, closed_loop
+from packrat.bench.machine import describe_machine
 from packrat.server import start_torchserve
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,46 +74,25 @@ def cases(scale: float) -> list[Case]:
 def machine() -> dict[str, str]:
     import torch
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    m = describe_machine()
     return {
-        "cpu": cpu,
-        "usable cores": str(len(os.sched_getaffinity(0))),
-        "memory": f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
-        "python": platform.python_version(),
+        "cpu": m.cpu,
+        "usable cores": str(m.cores),
+        "memory": f"{m.memory_gib:.0f} GiB",
+        "python": m.python,
         "torch": torch.__version__,
         "load average at start": " ".join(f"{x:.1f}" for x in os.getloadavg()),
         "date (UTC)": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     }
 
 
-def run_case(session: requests.Session, url: str, headers: dict, case: Case, warmup: int) -> dict:
-    h = dict(headers, **{"Content-Type": case.content_type})
-    for _ in range(warmup):
-        r = session.post(url, data=case.body, headers=h, timeout=300)
-        r.raise_for_status()
-    lat = []
-    t0 = time.perf_counter()
-    for _ in range(case.requests):
-        s = time.perf_counter()
-        r = session.post(url, data=case.body, headers=h, timeout=300)
-        lat.append((time.perf_counter() - s) * 1000)
-        r.raise_for_status()
-    wall = time.perf_counter() - t0
-    lat.sort()
-    return {
-        "p50": statistics.median(lat),
-        "p99": lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))],
-        "mean": statistics.fmean(lat),
-        "rps": len(lat) / wall,
-        "n": len(lat),
-    }
+def run_case(url: str, token: str, case: Case, warmup: int) -> dict:
+    """One client, one request at a time: `warmup` unrecorded, then case.requests timed."""
+    target = Target(url=url, body=case.body, content_type=case.content_type, token=token, timeout_s=300)
+    res = closed_loop(target, clients=1, requests_count=case.requests, warmup=warmup)
+    if res.errors:
+        raise RuntimeError(f"{case.model}: {res.errors} of {res.requested} requests failed: {res.error_kinds}")
+    return {"p50": res.p50_ms, "p99": res.p99_ms, "mean": res.mean_ms, "rps": res.throughput_rps, "n": res.ok}
 
 
 def main() -> None:
@@ -135,10 +113,10 @@ def main() -> None:
         try:
             for c in todo:
                 server.register(c.model)
-            session = requests.Session()
+            token = server.inference_headers()["Authorization"].split(" ", 1)[1]
             for c in todo:
                 url = f"{server.inference_url}/predictions/{c.model}"
-                res = run_case(session, url, server.inference_headers(), c, args.warmup)
+                res = run_case(url, token, c, args.warmup)
                 rows.append((c, res))
                 print(f"{c.model:<10} p50 {res['p50']:8.2f} ms  p99 {res['p99']:8.2f} ms  "
                       f"mean {res['mean']:8.2f} ms  {res['rps']:8.1f} req/s  (n={res['n']})", flush=True)

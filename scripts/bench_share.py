@@ -17,15 +17,13 @@ import sys
 import time
 from pathlib import Path
 
+from packrat.plan import knapsack, realizable_plan
+from packrat.plan.share import Demand, divide_cores
+from packrat.profile import load_profile
+from packrat.errors import PackratError
+from packrat.bench.machine import describe_machine
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from packrat.plan import knapsack, realizable_plan  # noqa: E402
-from packrat.plan.share import Demand, divide_cores  # noqa: E402
-from packrat.profile import load_profile  # noqa: E402
-from packrat.errors import PackratError  # noqa: E402
-from packrat.profile.fingerprint import cpu_model  # noqa: E402
-
 DATA = REPO / "tests" / "data" / "packrat-icml25"
 BATCHES = [1024, 512, 256, 64, 32, 8, 4, 1]
 
@@ -55,7 +53,7 @@ def main() -> int:
         division = divide_cores(demands, range(args.cores))
         runs.append(time.perf_counter() - t0)
     json.dump({
-        "cpu": cpu_model(), "loadavg": os.getloadavg(), "command": " ".join(["scripts/bench_share.py", *sys.argv[1:]]),
+        "cpu": describe_machine().cpu, "loadavg": os.getloadavg(), "command": " ".join(["scripts/bench_share.py", *sys.argv[1:]]),
         "models": len(BATCHES), "cores": args.cores, "batches": BATCHES,
         "seconds": [round(x, 4) for x in runs], "max_s": round(max(runs), 4),
         "division": {m: len(c) for m, c in division.shares.items()},

@@ -36,10 +36,8 @@ import argparse
 import bisect
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -49,7 +47,9 @@ import requests
 
 from packrat import forkserver
 from packrat.apply.swap import SwapSettings, Swapper
-from packrat.bench.loadgen import ContinuousLoad, in_windows, percentile
+from packrat.bench.handler_code import handler_module
+from packrat.bench.loadgen import ContinuousLoad, in_windows, latency_summary
+from packrat.bench.machine import describe_machine
 from packrat.server import start_torchserve
 from packrat.types import Instance, Plan
 
@@ -64,24 +64,9 @@ def plans(mode: str) -> tuple[Plan, Plan]:
     return thin, fat
 
 
-def machine() -> dict:
-    info = {"python": platform.python_version(), "cpus": os.cpu_count()}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        info["cpu"] = next(l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name"))
-        flags = next(l.split(":", 1)[1].split() for l in out.splitlines() if l.startswith("Flags"))
-        info["flags"] = sorted(f for f in flags if f in ("avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile",
-                                                         "avx512f", "avx2"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        pass
-    return info
-
-
 def bodies(model: str) -> list[bytes]:
     if model.startswith("resnet"):
-        sys.path.insert(0, str(REPO / "handlers"))
-        from packrat_tasks.samples import sample_jpeg
-
+        sample_jpeg = handler_module("packrat_tasks.samples").sample_jpeg
         return [sample_jpeg(320, 240, seed=i) for i in range(8)]
     return [f"request {i}: the servers answer questions about weather, travel and coffee".encode()
             for i in range(16)]
@@ -96,13 +81,6 @@ def top(body: bytes) -> str | None:
     if isinstance(a, dict) and a.get("predictions"):
         return a["predictions"][0].get("label")
     return str(a)
-
-
-def stats(samples: list) -> dict:
-    lat = [s.latency_s * 1000 for s in samples if s.ok]
-    return {"requests": len(samples), "failed": sum(not s.ok for s in samples),
-            "p50_ms": round(percentile(lat, 50) or 0, 1), "p99_ms": round(percentile(lat, 99) or 0, 1),
-            "max_ms": round(max(lat), 1) if lat else None}
 
 
 def med(values: list[float]) -> float | None:
@@ -245,14 +223,14 @@ def run_mode(server, swapper: Swapper, model: str, mode: str, store: Path, args)
                           for r in records["cold"] + records["cold2"]],
         "cold_cache": [[w["cache"] for w in r["workers"]] for r in records["cold"] + records["cold2"]],
         "warm_cache": [[w["cache"] for w in r["workers"]] for r in warm],
-        "steady": stats(steady),
-        "during_swaps": stats(during),
+        "steady": latency_summary(steady),
+        "during_swaps": latency_summary(during),
         # The same requests by what they overlapped: the new version loading beside the old
         # one, or after it went live (the old one draining, the new one's first batches).
-        "during_loading": stats(in_windows(after, loading)),
-        "during_draining": stats(in_windows(after, draining)),
+        "during_loading": latency_summary(in_windows(after, loading)),
+        "during_draining": latency_summary(in_windows(after, draining)),
         "load_nice": os.environ.get("PACKRAT_LOAD_NICE"),
-        "all_requests": stats(samples),
+        "all_requests": latency_summary(samples),
         "reference_labels": refs,
         "answers_with_another_top_label": len(changed),
         "cpu_split": cpu_split(sampler, after, warm_starts, serving_pids[-len(warm_starts):]),
@@ -287,7 +265,7 @@ def main() -> int:
         for p in store.glob(f"{m}.p*"):
             shutil.rmtree(p)
         build_named(m, store, reuse_current=True)  # a stale handler copy would measure old code
-    result = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+    result = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": describe_machine().as_dict(),
               "command": "scripts/bench_swaps.py " + " ".join(sys.argv[1:]),
               "loadavg_before": os.getloadavg(), "clients": args.clients, "swaps": args.swaps,
               "steady_s": args.steady, "forkserver": forkserver.enabled(), "runs": []}

@@ -30,29 +30,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from packrat.bench.loadgen import Target, closed_loop  # noqa: E402
-from packrat.bench.run import sample_request  # noqa: E402
-from packrat.bench.tuned import fat_plan as fat  # noqa: E402
-from packrat.bench.tuned import run_tune  # noqa: E402
-from packrat.types import Plan  # noqa: E402
-
-
-def cpu_name() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
+from packrat.bench.loadgen import Target, closed_loop
+from packrat.bench.machine import describe_machine
+from packrat.bench.run import sample_request
+from packrat.bench.tuned import fat_plan as fat
+from packrat.bench.tuned import run_tune
+from packrat.types import Plan
 
 
 def shape(plan: dict | None) -> str:
@@ -88,7 +76,7 @@ def main() -> int:
     results = open(out / "results.jsonl", "a")
     cores = sorted(os.sched_getaffinity(0))
     T, B = len(cores), args.batch
-    info = {"cpu": cpu_name(), "cores": T, "batch": B, "loadavg": os.getloadavg(),
+    info = {"cpu": describe_machine().cpu, "cores": T, "batch": B, "loadavg": os.getloadavg(),
             "command": " ".join(sys.argv), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     results.write(json.dumps({"kind": "run", **info}) + "\n")
     results.flush()

@@ -33,13 +33,10 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from packrat.bench.loadgen import Target, closed_loop  # noqa: E402
-from packrat.bench.run import sample_request  # noqa: E402
-from packrat.profile.fingerprint import cpu_model  # noqa: E402
-from packrat.types import Instance, Plan  # noqa: E402
+from packrat.bench.loadgen import Target, closed_loop
+from packrat.bench.run import sample_request
+from packrat.bench.machine import describe_machine
+from packrat.types import Instance, Plan
 
 
 
@@ -74,7 +71,7 @@ def main() -> int:
     store.mkdir(parents=True, exist_ok=True)
     cores = list(usable_cores().cores)
     T, B = len(cores), args.clients
-    info = {"cpu": cpu_model(), "cores": T, "clients_per_model": B, "seconds": args.seconds,
+    info = {"cpu": describe_machine().cpu, "cores": T, "clients_per_model": B, "seconds": args.seconds,
             "loadavg_start": os.getloadavg(), "command": " ".join(sys.argv),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     results = open(out / "results.jsonl", "a")

@@ -13,18 +13,16 @@ gap = measured / predicted - 1.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from packrat.bench.report import server  # noqa: E402
-from packrat.bench.results import read_measurements, read_records  # noqa: E402
-from packrat.plan import plan_latency_at, plan_from_shape  # noqa: E402
-from packrat.profile import load_profile  # noqa: E402
+from packrat.bench.report import server
+from packrat.bench.results import read_measurements, read_records
+from packrat.plan import plan_latency_at, plan_from_shape
+from packrat.profile import load_profile
 
 
 def pct(x: float | None) -> str:
@@ -32,7 +30,9 @@ def pct(x: float | None) -> str:
 
 
 def main() -> int:
-    out = Path(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path, help="the `packrat bench` output directory (holds results.jsonl)")
+    out = ap.parse_args().out
     run = next((r for r in read_records(out / "results.jsonl") if r.get("kind") == "run"), {})
     lines = [f"Run: `{run.get('command', '?')}`; machine: {json.dumps(run.get('machine', {}))}", "",
              "| model | B | config | shape | isolated ms | co-run ms | worker ms | worker gap isolated | "

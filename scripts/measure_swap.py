@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import sys
 import time
@@ -32,7 +30,8 @@ from pathlib import Path
 
 import requests
 
-from packrat.bench.loadgen import ContinuousLoad, in_windows, percentile
+from packrat.bench.loadgen import ContinuousLoad, in_windows, latency_summary
+from packrat.bench.machine import describe_machine
 from packrat.server import start_torchserve
 from packrat.apply.swap import SwapSettings, Swapper
 from packrat.types import Instance, Plan
@@ -50,17 +49,6 @@ def build(model: str, store: Path) -> None:
         build_from_dir(minilm_dir(), store, "minilm", reuse_current=True)
     else:
         build_named(model, store, reuse_current=True)
-
-
-def stats(samples: list) -> dict:
-    lat = [s.latency_s * 1000 for s in samples if s.ok]
-    return {
-        "requests": len(samples),
-        "failed": sum(not s.ok for s in samples),
-        "p50_ms": round(percentile(lat, 50) or 0, 2),
-        "p99_ms": round(percentile(lat, 99) or 0, 2),
-        "max_ms": round(max(lat), 2) if lat else None,
-    }
 
 
 def main() -> int:
@@ -129,20 +117,18 @@ def main() -> int:
     for name in ("1x2", "2x1"):
         spans = [(a, b) for a, b, n in plan_spans if n == name]
         chosen = [s for s in in_windows(samples, spans) if id(s) not in during_ids]
-        steady[name] = stats(chosen)
+        steady[name] = latency_summary(chosen, digits=2)
     result = {
         "model": args.model,
         "clients": args.clients,
         "swaps": records,
-        "during_swaps": stats(during),
+        "during_swaps": latency_summary(during, digits=2),
         "steady": steady,
-        "all": stats(samples),
+        "all": latency_summary(samples, digits=2),
         # Raw samples: start (s since the load began), latency (ms), ok; for plots and re-analysis.
         "samples": [[round(x.start - t_begin, 3), round(x.latency_s * 1000, 2), x.ok] for x in samples],
         "swap_windows": [[round(a - t_begin, 3), round(b - t_begin, 3)] for a, b in windows],
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "cpu": next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                                 if line.startswith("model name")), "?")},
+        "machine": describe_machine().as_dict(),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,15 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from packrat.bench.machine import describe_machine
+from packrat.commands.plan import run_plan
+from packrat.errors import PlanError
+from packrat.plan import optimal_plan, realizable_gap, realizable_plan
+from packrat.profile import load_profile
+from packrat.plan import knapsack
+from packrat.types import Plan, Profile, ProfilePoint
 
-from packrat.commands.plan import run_plan  # noqa: E402
-from packrat.errors import PlanError  # noqa: E402
-from packrat.plan import optimal_plan, realizable_gap, realizable_plan  # noqa: E402
-from packrat.profile import load_profile  # noqa: E402
-from packrat.plan import knapsack  # noqa: E402
-from packrat.types import Plan, Profile, ProfilePoint  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PAPER_REL = "tests/data/packrat-icml25"  # the paper's profiles, as written in commands run from the repo root
 PAPER = ROOT / PAPER_REL
@@ -418,7 +418,7 @@ def main() -> int:
         "",
         "Min / median of 7 uncached calls, one process, numpy "
         f"{np.__version__}, Python {platform.python_version()}, on this "
-        f"{_cpu_name()} machine with {os.cpu_count()} cores (1-min load average "
+        f"{describe_machine().cpu} machine with {os.cpu_count()} cores (1-min load average "
         f"{load:.1f} when generated"
         + (": other work was running, so timings are noisy and the min is the better guide)."
            if busy else ")."),
@@ -445,16 +445,6 @@ def main() -> int:
     print(f"wrote {args.output} (synthetic T=64 B=1024: min {opt_s[0] * 1000:.0f} ms, "
           f"median {opt_s[1] * 1000:.0f} ms)")
     return 0
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ Latency percentiles everywhere come from packrat.bench.stats.percentile.
 
 from packrat.bench.loadgen.arrivals import PoissonLoad
 from packrat.bench.loadgen.connection import Connection, check_loopback
-from packrat.bench.loadgen.continuous import STOP_GRACE_S, Check, ContinuousLoad, Sample, in_windows
+from packrat.bench.loadgen.continuous import (
+    STOP_GRACE_S, Check, ContinuousLoad, Sample, in_windows, latency_summary,
+)
 from packrat.bench.loadgen.counted import (
     BATCH_SIZE_HEADER,
     LoadResult,
@@ -36,6 +38,6 @@ from packrat.bench.stats import percentile
 __all__ = [
     "BATCH_SIZE_HEADER", "Check", "Connection", "ContinuousLoad", "LoadResult", "PoissonLoad", "RequestRecord",
     "STOP_GRACE_S", "Sample", "Sent", "Step", "StepLoad", "Target", "check_loopback", "closed_loop",
-    "format_capacity", "in_windows", "measure_capacity", "open_loop", "percentile", "poisson_schedule",
+    "format_capacity", "in_windows", "latency_summary", "measure_capacity", "open_loop", "percentile", "poisson_schedule",
     "summarise",
 ]

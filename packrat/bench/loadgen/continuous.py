@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from packrat.bench.loadgen.connection import Connection, check_loopback
+from packrat.bench.stats import percentile
 
 # stop() waits this long past a request's timeout before it calls the request stuck:
 # the client thread needs a moment to notice the timeout and record it itself.
@@ -163,3 +164,11 @@ class ContinuousLoad:
 def in_windows(samples: Sequence[Sample], windows: Sequence[tuple[float, float]]) -> list[Sample]:
     """Samples whose request overlapped any (start, end) window."""
     return [s for s in samples if any(s.start < b and s.start + s.latency_s > a for a, b in windows)]
+
+
+def latency_summary(samples: Sequence[Sample], digits: int = 1) -> dict:
+    """Requests, failures, and p50/p99/max latency (ms) of the answered ones, rounded to `digits`."""
+    lat = [s.latency_s * 1000 for s in samples if s.ok]
+    return {"requests": len(samples), "failed": sum(not s.ok for s in samples),
+            "p50_ms": round(percentile(lat, 50) or 0, digits), "p99_ms": round(percentile(lat, 99) or 0, digits),
+            "max_ms": round(max(lat), digits) if lat else None}
