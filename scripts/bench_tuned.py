@@ -35,7 +35,9 @@ import threading
 import time
 from pathlib import Path
 
-from packrat.bench.loadgen import Target, closed_loop
+import urllib3
+
+from packrat.bench.loadgen import Connection, Target, closed_loop
 from packrat.bench.machine import describe_machine
 from packrat.bench.run import sample_request
 from packrat.bench.tuned import fat_plan as fat
@@ -121,15 +123,15 @@ def main() -> int:
             during: list = []
 
             def keep_loading() -> None:
-                import requests
-
+                t = target()
+                conn = Connection(t.url, t.timeout_s)
                 while not stop.wait(1.0 / args.rate_during_tune):
-                    t = target()
                     try:
-                        r = requests.post(t.url, data=t.body, headers=t.headers(), timeout=600)
-                        during.append({"ok": int(r.status_code == 200), "errors": int(r.status_code != 200)})
-                    except requests.RequestException:
+                        r = conn.post(t.body, t.headers())
+                        during.append({"ok": int(r.status == 200), "errors": int(r.status != 200)})
+                    except urllib3.exceptions.HTTPError:
                         during.append({"ok": 0, "errors": 1})
+                conn.close()
 
             loader = threading.Thread(target=keep_loading, daemon=True)
             t0 = time.monotonic()
