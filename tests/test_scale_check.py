@@ -55,8 +55,10 @@ def test_summary_ratios_come_from_the_measured_rows() -> None:
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the scale check needs 2 usable cores")
 def test_scale_check_runs_at_two_cores_on_a_tiny_model(tmp_path: Path) -> None:
+    # No profile budget: on a busy machine a budget would omit points, and the test is about
+    # the pipeline, not the budget (the profiler's own tests cover that).
     settings = scale.ScaleSettings(out=tmp_path, models=("tiny-resnet",), cores=2, batches=(1, 2, 4),
-                                   profile_budget_s=30.0, point_budget_s=0.5, measure_s=0.4, rounds=2)
+                                   profile_budget_s=None, point_budget_s=0.5, measure_s=0.4, rounds=2)
     head = scale.run(settings)
     rows = [json.loads(line) for line in (tmp_path / "scale-results.jsonl").read_text().splitlines()]
     assert head["cores"] == 2 and head["machine"]["cpu"]

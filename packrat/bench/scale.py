@@ -57,7 +57,7 @@ class ScaleSettings:
     models: tuple[str, ...] = ("resnet50", "bert-base")
     cores: int | None = None  # None: every usable core
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    profile_budget_s: float = 90.0  # per model, model loads included
+    profile_budget_s: float | None = 90.0  # per model, model loads included (None: no limit)
     point_budget_s: float = 2.0  # one profile point
     measure_s: float = 2.0  # one measured point (warm-up is a quarter of it)
     rounds: int = 2
