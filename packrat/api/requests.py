@@ -11,6 +11,7 @@ from __future__ import annotations
 from fastapi import HTTPException
 from pydantic import BaseModel, Field
 
+from packrat import settings
 from packrat.control import Controller
 from packrat.types import Plan, Policy
 
@@ -42,6 +43,11 @@ class ProfileRequest(BaseModel):
     cores: int | None = Field(default=None, ge=1)
 
 
+def _default(name: str) -> str:
+    """A tune's default as the settings table has it (the tune applies it to a field left unset)."""
+    return settings.get(name).default_text()
+
+
 class TuneRequest(BaseModel):
     """Every field optional; no body at all means the defaults."""
 
@@ -49,15 +55,19 @@ class TuneRequest(BaseModel):
         default=None, max_length=32,
         description="modes to try besides the archive's own, e.g. ['bf16-openvino']; ['all'] = every "
                     "supported mode [default: a short list per task, docs/tuning.md]")
-    budget_s: float | None = Field(default=None, gt=0, le=24 * 3600,
-                                   description="the whole tune of this model [s] (default 180)")
-    batch: int | None = Field(default=None, ge=1, le=1024,
-                              description="load batch B to choose for [default: observed, else 8]")
+    budget_s: float | None = Field(
+        default=None, gt=0, le=24 * 3600,
+        description=f"the whole tune of this model [s] (default {_default('tune_budget_s')})")
+    batch: int | None = Field(
+        default=None, ge=1, le=1024,
+        description=f"load batch B to choose for [default: observed, else {_default('tune_batch')}]")
     fresh: bool = Field(default=False, description="re-profile modes whose profile is still valid")
-    max_batch: int | None = Field(default=None, ge=1, le=1024,
-                                  description="largest profiled batch [default: max(batch, 8)]")
-    point_budget_s: float | None = Field(default=None, gt=0, le=600,
-                                         description="seconds per profiled point [default 5]")
+    max_batch: int | None = Field(
+        default=None, ge=1, le=1024,
+        description=f"largest profiled batch [default: max(batch, {_default('tune_max_batch')})]")
+    point_budget_s: float | None = Field(
+        default=None, gt=0, le=600,
+        description=f"seconds per profiled point [default {_default('tune_point_budget_s')}]")
 
 
 class AdaptRequest(BaseModel):

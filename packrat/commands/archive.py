@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from packrat.commands._options import setting_option
 from packrat.errors import PackratError
 
 
@@ -20,7 +21,7 @@ def register(app: typer.Typer) -> None:
             "gpt2, resnet50, tiny-bert, tiny-distilbert, tiny-gpt2, tiny-resnet, noop",
         ),
         name: Optional[str] = typer.Option(None, "--name", "-n", help="Model name (default: from source)"),
-        model_store: Path = typer.Option(Path("model-store"), "--model-store", "-o"),
+        model_store: Path = setting_option("model_store", "--model-store", "-o"),
         task: Optional[str] = typer.Option(None, help="text-classification | feature-extraction | "
                                            "text-generation | image-classification | noop"),
         runtime: str = typer.Option("eager", help="eager | torchscript (frozen graph) | inductor | "

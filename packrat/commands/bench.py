@@ -11,10 +11,13 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from packrat import settings
 from packrat.errors import ConfigError, PackratError
 
 if TYPE_CHECKING:  # the CLI starts without the bench; its modules load when a bench command runs
     from packrat.bench.run import BenchSettings
+
+TUNE_BUDGET = settings.get("tune_budget_s").default_text()  # a tune's own budget [s], from the table
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -63,7 +66,7 @@ def bench_command(
              "tuned (default: on with --full, off with --quick; otherwise on when --configs names them)"),
     tune_budget: Optional[float] = typer.Option(
         None, "--tune-budget", min=1.0,
-        help="Seconds per model's tune (default: 360 with --full, else the tune's 180)"),
+        help=f"Seconds per model's tune (default: 360 with --full, else the tune's {TUNE_BUDGET})"),
     tune_mode: Optional[list[str]] = typer.Option(
         None, "--tune-mode", help="Mode to try besides the archive's own, repeatable (default: the tune's short list)"),
     tune_point_budget: Optional[float] = typer.Option(

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from packrat.commands._options import setting_option
 from packrat.errors import ArchiveError, ConfigError, PackratError
 from packrat.types import Profile
 
@@ -58,11 +59,11 @@ def profile_command(
     mode: Optional[str] = typer.Option(
         None, "--mode", help="Profile the archive in this execution mode, e.g. bf16-openvino "
                              "[default: the archive's own] (docs/modes.md)"),
-    state_dir: Path = typer.Option(Path(".packrat"), "--state-dir", help="Where the default output goes"),
+    state_dir: Optional[Path] = setting_option("state_dir", text="where the default output goes"),
     cores: Optional[int] = typer.Option(None, "--cores", help="T: profile thread counts 1..T [default: all usable cores]"),
-    max_batch: int = typer.Option(32, "--max-batch", help="Largest batch; batches are 1, 2, 4, ... up to it"),
+    max_batch: int = setting_option("profile_max_batch", "--max-batch"),
     budget: Optional[float] = typer.Option(None, "--budget", help="Total seconds for the whole run (default: none)"),
-    point_budget: float = typer.Option(10.0, "--point-budget", help="Seconds per (threads, batch) point"),
+    point_budget: float = setting_option("profile_point_budget_s", "--point-budget"),
     scope: str = typer.Option("handler", "--scope", help="handler: pre+forward+post; model: forward only"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table"),
     corun: bool = typer.Option(True, "--corun/--no-corun",
@@ -122,12 +123,14 @@ def profile_command(
     )
 
 
-def _default_output(state_dir: Path, archive, scope: str) -> Path:
+def _default_output(state_dir: Path | None, archive, scope: str) -> Path:
+    from packrat import settings
     from packrat.profile.fingerprint import mode_from_config
     from packrat.profile.library import profile_file
 
     mode = mode_from_config(archive.config)
-    out = profile_file(state_dir, archive.model_name, mode)
+    # --state-dir > $PACKRAT_STATE_DIR > .packrat, as the controller finds it.
+    out = profile_file(settings.value("state_dir", cli=state_dir), archive.model_name, mode)
     return out if scope == "handler" else out.with_name(f"{mode}-{scope}.json")
 
 

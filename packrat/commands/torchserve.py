@@ -12,19 +12,20 @@ from typing import Optional
 
 import typer
 
+from packrat.commands._options import setting_option
 from packrat.errors import PackratError
 
 ts_app = typer.Typer(no_args_is_help=True, add_completion=False,
                      help="Start, stop and use a TorchServe instance kept in a work directory.")
 
-WORKDIR = typer.Option(Path(".packrat/torchserve"), "--workdir", help="Frontend working directory")
+WORKDIR = setting_option("ts_workdir")
 
 
 @ts_app.command("start")
 def start(
     workdir: Path = WORKDIR,
-    model_store: Path = typer.Option(Path("model-store"), "--model-store"),
-    config: Path = typer.Option(Path("config.properties"), "--config", help="config.properties template"),
+    model_store: Path = setting_option("model_store"),
+    config: Path = setting_option("ts_config"),
     free_ports: bool = typer.Option(False, "--free-ports", help="Free ports instead of the config's"),
 ) -> None:
     """Start TorchServe detached; returns once /ping is healthy."""

@@ -14,7 +14,9 @@ from typing import Any, Optional
 
 import typer
 
-API = typer.Option("http://127.0.0.1:8085", "--api", help="the controller's REST API")
+from packrat.commands._options import setting_option
+
+API = setting_option("api_url")
 KEY_FILE = typer.Option(Path(".packrat/torchserve/key_file.json"), "--key-file",
                         help="TorchServe's key_file.json (the management key is the controller's token)")
 
@@ -77,11 +79,13 @@ def tune_command(
     model: str = typer.Argument(..., help="model name as registered in TorchServe"),
     modes: list[str] = typer.Option([], "--mode", help="a mode to try, e.g. bf16-openvino (repeat); 'all' = every "
                                                         "supported mode (default: a short list per task)"),
-    budget: Optional[float] = typer.Option(None, "--budget", help="seconds for the whole tune of this model [180]"),
-    batch: Optional[int] = typer.Option(None, "--batch", help="load batch B to choose for (default: observed, else 8)"),
+    # Unset, the tune's own defaults apply (the settings table's, shown in brackets).
+    budget: Optional[float] = setting_option("tune_budget_s", "--budget", deferred=True),
+    batch: Optional[int] = setting_option("tune_batch", "--batch", deferred=True,
+                                          text="load batch B to choose for; unset: the observed B, else the default"),
     fresh: bool = typer.Option(False, "--fresh", help="re-profile modes whose profile is still valid"),
-    max_batch: Optional[int] = typer.Option(None, "--max-batch", help="largest profiled batch (default: max(B, 8))"),
-    point_budget: Optional[float] = typer.Option(None, "--point-budget", help="seconds per profiled point [5]"),
+    max_batch: Optional[int] = setting_option("tune_max_batch", "--max-batch", deferred=True),
+    point_budget: Optional[float] = setting_option("tune_point_budget_s", "--point-budget", deferred=True),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="follow the tune until it ends"),
     api: str = API,
     key_file: Path = KEY_FILE,
