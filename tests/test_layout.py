@@ -23,6 +23,7 @@ FLOORS: dict[str, int] = {
     "packrat.settings": 0,  # the settings table: every PACKRAT_* variable, shared CLI defaults (stdlib only; tslog reads it)
     "packrat.errors": 1,  # the one exception tree (SwapError carries a types.SwapRecord)
     "packrat.cpulist": 1,  # the kernel's CPU list format (slots and cores read it)
+    "packrat.modes": 1,  # execution modes: precisions, runtimes, the mode string, what a CPU runs (stdlib only)
     "packrat.worker_counters": 1,  # a worker's batch counters, a mapped file (slots writes, apply reads via slots)
     "packrat.tslog": 1,  # which log4j2 file TorchServe's frontend starts with (server, forkserver)
     "packrat.slots": 2,  # worker side: runs inside TorchServe's worker and the profiler's
@@ -38,14 +39,13 @@ FLOORS: dict[str, int] = {
     "packrat.server": 5,  # starting/stopping a TorchServe process (CLI, bench, tests)
     "packrat.control": 5,  # the controller: state, clock, the loop
     "packrat.api": 6,  # REST: parse -> call the controller -> render
-    "packrat.autotune": 6,  # when the controller (re-)tunes a model by itself
     "packrat.bench": 7,
     "packrat.commands": 8,
     "packrat.cli": 9,
 }
 # What TorchServe's Python worker may import from packrat: the worker side only (its slot,
 # and which of TorchServe's log lines it writes); both load no torch and no HTTP (below).
-HANDLER_MAY_IMPORT = {"packrat.slots", "packrat.tslog", "packrat.settings"}
+HANDLER_MAY_IMPORT = {"packrat.slots", "packrat.tslog", "packrat.settings", "packrat.modes"}
 
 
 def _unit(module: str) -> str:
@@ -105,7 +105,7 @@ def test_handlers_import_only_the_worker_side() -> None:
 
 
 @pytest.mark.parametrize("module", ["packrat.plan", "packrat.profile", "packrat.slots", "packrat.tslog",
-                                    "packrat.settings"])
+                                    "packrat.settings", "packrat.modes"])
 def test_pure_stages_load_no_torch_and_no_http(module: str) -> None:
     # A fresh interpreter: this test process may already have torch loaded. The profile
     # stage and the slots are imported by workers before they pin themselves, so the

@@ -12,15 +12,23 @@ where generate() on that row alone would have stopped.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import time
 from typing import Any
 
 import torch
 
+from packrat_tasks import guard
 from packrat_tasks.base import (
     TEXT_CHARS_PER_TOKEN, Batch, RequestError, Task, check_text, get_field, parse_json_or_text,
 )
-from packrat_tasks.runtime import build_generation
+from packrat_tasks.precision import PrecisionError, precision_name, prepare_torch
+from packrat_tasks.quantize_static import generation_refusal
+from packrat_tasks.runner import Runner, memory_mb, mode_name, runtime_name
+
+log = logging.getLogger(__name__)
 
 SAMPLE_PROMPT = (
     "The engineers measured the latency of every server in the rack and wrote down "
@@ -111,3 +119,46 @@ class TextGenerationTask(Task):
 
     def sample_requests(self, n: int) -> list[dict]:
         return [{"body": SAMPLE_PROMPT.encode("utf-8")} for _ in range(n)]
+
+
+def build_generation(task: TextGenerationTask, config: dict[str, Any]) -> Runner:
+    """Precision for text-generation (greedy decoding runs eager): sets task.model and
+    task.autocast, warms up, and guards the first greedy tokens against fp32.
+
+    The task's forward() must run `task.model.generate` inside `task.autocast()`.
+    """
+    if precision_name(config) == "int8s":
+        raise PrecisionError(generation_refusal())
+    if runtime_name(config) != "eager":
+        raise ValueError("text-generation supports packrat.runtime: eager only "
+                         "(the decoding loop is not traced or exported)")
+    mode = mode_name(config)
+    th = guard.thresholds(config)
+    fp32_model = task.model
+    task.autocast = contextlib.nullcontext
+    tg = time.perf_counter()
+    batch = task.preprocess(guard.guard_requests(task, th))
+    reference = None
+    if mode != "fp32-eager":
+        reference = task.forward(batch).outputs.tolist()
+    rss0, _ = memory_mb()
+    t0 = time.perf_counter()
+    task.model, task.autocast = prepare_torch(fp32_model, precision_name(config))
+    task.model.eval()
+    t1 = time.perf_counter()
+    candidate = task.forward(batch).outputs.tolist()  # also the warm-up
+    task.forward(batch)
+    rss, peak = memory_mb()
+    runner = Runner(fn=task.model.generate, mode=mode, threads=torch.get_num_threads(),
+                    build_s=round(time.perf_counter() - t0, 3), rss_mb=round(rss, 1),
+                    rss_delta_mb=round(rss - rss0, 1), peak_rss_mb=round(peak, 1))
+    # The greedy runs are both the warm-up and the guard's candidate: counted as warm-up.
+    runner.phases_s = {"guard": round(t0 - tg, 3), "mode_build": round(t1 - t0, 3),
+                       "warmup": round(time.perf_counter() - t1, 3)}
+    if reference is not None:
+        report = guard.compare_generation(mode, reference, candidate, th)
+        runner.guard = report.as_dict()
+        log.info("%s", report.message)
+        guard.enforce(report)
+    log.info("packrat mode %s ready: %s", mode, runner.summary())
+    return runner

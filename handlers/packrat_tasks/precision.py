@@ -22,16 +22,22 @@ Nothing here runs at import time; torch is imported by the functions.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+# The names, the CPU flags and what they allow are packrat.modes' (stdlib only, shared with
+# the tuner and the archive builder); re-exported here for the archive's own callers
+# (packrat.profile.probe reads cpu_flags and int8_static_problem from this module).
+from packrat.modes import (  # noqa: F401
+    PRECISIONS,
+    ExecutionMode,
+    bf16_problem,
+    cpu_flags,
+    int8_static_problem,
+)
 
 if TYPE_CHECKING:
     import torch
-
-PRECISIONS = ("fp32", "bf16", "int8", "int8s")
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 arithmetic
-# /proc/cpuinfo flags of int8 dot-product instructions (u8 x s8 -> s32 in one op).
-INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
 class PrecisionError(ValueError):
@@ -39,51 +45,10 @@ class PrecisionError(ValueError):
 
 
 def precision_name(config: dict[str, Any]) -> str:
-    name = str((config.get("packrat") or {}).get("precision", "fp32")).lower()
+    name = ExecutionMode.from_config(config).precision
     if name not in PRECISIONS:
         raise PrecisionError(f"unknown packrat.precision {name!r}; known: {', '.join(PRECISIONS)}")
     return name
-
-
-def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
-    """The feature flags of the first CPU listed (all cores of a socket share them)."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def bf16_problem(flags: Iterable[str], mkldnn_bf16: bool) -> str | None:
-    """Why bf16 should not run here, or None when it should.
-
-    Both must hold: the CPU has a native bf16 instruction set (avx512_bf16 or
-    AMX), and torch's oneDNN build reports bf16 support. Without them
-    bf16 matmuls are emulated: slower than fp32 and no more accurate.
-    """
-    flags = set(flags)
-    if not flags & set(BF16_FLAGS):
-        return ("packrat.precision bf16 needs a CPU with native bf16 (flags avx512_bf16 or "
-                "amx_bf16); this CPU has neither. Use fp32 or int8.")
-    if not mkldnn_bf16:
-        return ("packrat.precision bf16: torch's oneDNN (mkldnn) reports no bf16 support on this "
-                "CPU/build. Use fp32 or int8.")
-    return None
-
-
-def int8_static_problem(flags: Iterable[str]) -> str | None:
-    """Why int8-static should not be expected to pay off here, or None when it should.
-
-    Without VNNI/AMX an int8 multiply-accumulate takes several AVX-512/AVX2
-    instructions: correct, but no faster than fp32. Tuning offers int8s only with them.
-    """
-    if not set(flags) & set(INT8_FLAGS):
-        return ("int8-static (int8s) needs int8 dot-product instructions for its speed (flags "
-                f"{', '.join(INT8_FLAGS)}); this CPU has none")
-    return None
 
 
 def check_bf16() -> None:

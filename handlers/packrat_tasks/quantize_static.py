@@ -24,15 +24,16 @@ Calibration comes from the archive only (nothing is downloaded):
      JSON request format ({"text": "..."} or {"image": "<base64 JPEG/PNG>"});
   2. the task's sample request plus varied synthetic inputs of the same
      generators (samples.sample_jpeg with other seeds and sizes than the
-     guard's; prefixes of text.sample_text of several lengths), never the
+     guard's; prefixes of samples.sample_text of several lengths), never the
      accuracy guard's own inputs, so the guard checks inputs it was not
      calibrated on;
 up to `packrat.calibration_samples` (default 16) requests, each run through
 the task's own preprocess (one request per batch: real sequence lengths).
 
 The quantised model is built once per (archive content, mode, config,
-library versions, CPU) through build_cache (via runtime.cached_artifact), so
+library versions, CPU) through build_cache (via runner.cached_artifact), so
 a swap or a restarted worker loads it instead of calibrating again.
+runtimes/exported.py calls it; it imports the runner and the ONNX export, never runtime.py.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from packrat.modes import INT8S_RUNTIMES
+from packrat_tasks.runner import materialize
+from packrat_tasks.runtimes.onnx_export import export_onnx
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
@@ -56,7 +61,7 @@ log = logging.getLogger(__name__)
 RECIPE = "int8s-v1"  # bump when the quantisation settings below change: cache keys include it
 CALIBRATION_FILE = "calibration.jsonl"
 DEFAULT_SAMPLES = 16
-RUNTIMES = ("onnxruntime", "openvino")
+RUNTIMES = INT8S_RUNTIMES  # the runtimes whose graphs it quantises
 IR_FILE = "model.xml"
 QDQ_FILE = "model.int8s.onnx"
 # Ops between the classifier head and the graph output that do not compute (ONNX and OpenVINO names).
@@ -115,7 +120,7 @@ def builtin_requests(task: Task, n: int) -> list[dict]:
         # Seeds from 1: the guard uses 100 + i.
         out += [{"body": sample_jpeg(*sizes[i % len(sizes)], seed=1 + i)} for i in range(n)]
     elif task.name in ("text-classification", "feature-extraction"):
-        from packrat_tasks.text import sample_text
+        from packrat_tasks.samples import sample_text
 
         top = int(task.max_length)
         lengths = sorted({max(4, top * k // n) for k in range(1, n + 1)}, reverse=True)
@@ -280,13 +285,11 @@ def quantized_model(runtime: str, module: torch.nn.Module, example_inputs: tuple
                     scratch: str) -> tuple[str, dict]:
     """(path of the int8s model for `runtime`, build record).
 
-    `cache(what, build)` is runtime.cached_artifact bound to the runner (None when
+    `cache(what, build)` is runner.cached_artifact bound to the runner (None when
     there is no archive or the cache is unusable: then the model is built into
     `scratch`, a temporary directory the caller removes once the model is loaded).
     """
     import tempfile
-
-    from packrat_tasks.runtime import export_onnx, materialize
 
     if calibration is None:
         raise ValueError("int8s needs calibration data: build it through build_runner (a task)")

@@ -19,29 +19,11 @@ from packrat_tasks.base import (
     TEXT_CHARS_PER_TOKEN, Batch, RequestError, Task, check_text, get_field, model_labels, parse_json_or_text,
 )
 from packrat_tasks.runtime import build_runner, framework_model, needs_fixed_shapes
+from packrat_tasks.samples import sample_text
 from packrat_tasks.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-SAMPLE_SENTENCE = (
-    "The quick brown fox jumps over the lazy dog while the servers in the data centre "
-    "answer thousands of requests about weather, travel, music and the price of coffee. "
-)
-
-
-def sample_text(tokenizer: PreTrainedTokenizerBase, n_tokens: int) -> str:
-    """A plain English text that tokenises to at most n_tokens (special tokens included)."""
-    words = (SAMPLE_SENTENCE * (n_tokens // 8 + 2)).split()
-    lo, hi = 1, len(words)
-    while lo < hi:  # longest prefix that fits
-        mid = (lo + hi + 1) // 2
-        if len(tokenizer(" ".join(words[:mid])).input_ids) <= n_tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    return " ".join(words[:lo])
-
+    from transformers import PreTrainedModel
 
 class _Classifier(torch.nn.Module):
     def __init__(self, model: PreTrainedModel) -> None:

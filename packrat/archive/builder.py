@@ -6,7 +6,7 @@ no-archive produces, plus our config):
     MAR-INF/MANIFEST.json   model name, version, handler = packrat_handler.py
     model_config.yaml       TorchServe serving keys + the `packrat:` section
     packrat_handler.py      entry point (from handlers/)
-    packrat_tasks/*.py      task code (from handlers/)
+    packrat_tasks/**.py     task code (from handlers/; runtimes/ is a subpackage)
     model/                  HF files: config.json, model.safetensors, tokenizer
 
 TorchServe 0.12 registers such a directory by its name
@@ -29,15 +29,21 @@ from typing import Any
 import yaml
 
 from packrat.errors import ArchiveError
+from packrat.modes import (
+    PRECISIONS,
+    RUNTIMES,
+    TEXT_GENERATION,
+    int8s_runtime_refusal,
+    int8s_task_refusal,
+    task_refusal,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HANDLER_DIR = REPO_ROOT / "handlers"
 HANDLER_FILE = "packrat_handler.py"
 TASKS_PACKAGE = "packrat_tasks"
 MODEL_SUBDIR = "model"
-TASKS = ("text-classification", "feature-extraction", "text-generation", "image-classification", "noop")
-RUNTIMES = ("eager", "torchscript", "inductor", "onnxruntime", "openvino", "ipex")
-PRECISIONS = ("fp32", "bf16", "int8", "int8s")  # int8s: int8-static, calibrated (docs/modes.md)
+TASKS = ("text-classification", "feature-extraction", TEXT_GENERATION, "image-classification", "noop")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # HF files worth carrying from a local model directory.
 _HF_SUFFIXES = (".json", ".txt", ".safetensors", ".model")
@@ -68,10 +74,10 @@ def _check(name: str, options: ArchiveOptions, task: str) -> None:
         raise ArchiveError(f"--runtime must be one of {', '.join(RUNTIMES)}, got {options.runtime!r}")
     if options.precision not in PRECISIONS:
         raise ArchiveError(f"--precision must be one of {', '.join(PRECISIONS)}, got {options.precision!r}")
-    if options.precision == "int8s" and (task == "text-generation" or options.runtime not in ("onnxruntime", "openvino")):
+    if options.precision == "int8s" and (int8s_task_refusal(task) or int8s_runtime_refusal(options.runtime)):
         raise ArchiveError("int8s (int8-static) runs on onnxruntime or openvino, and not for text-generation "
                            "(docs/modes.md)")
-    if options.runtime != "eager" and task == "text-generation":
+    if task_refusal(task, options.runtime):
         raise ArchiveError("text-generation runs eager only (the generation loop is not traced)")
     for label, value in (("--batch-size", options.batch_size), ("--workers", options.workers)):
         if value < 1:
@@ -120,24 +126,32 @@ def _manifest(name: str, version: str) -> dict[str, Any]:
     }
 
 
+def _task_sources(root: Path) -> list[Path]:
+    """The task package's sources under `root`, subpackages (runtimes/) included, as
+    paths relative to root/TASKS_PACKAGE in sorted order."""
+    package = root / TASKS_PACKAGE
+    return sorted(p.relative_to(package) for p in package.rglob("*.py") if "__pycache__" not in p.parts)
+
+
 def _copy_handler(dest: Path) -> None:
     if not (HANDLER_DIR / HANDLER_FILE).exists():
         raise ArchiveError(f"handler sources not found in {HANDLER_DIR}")
     shutil.copy2(HANDLER_DIR / HANDLER_FILE, dest / HANDLER_FILE)
-    (dest / TASKS_PACKAGE).mkdir()
-    for src in sorted((HANDLER_DIR / TASKS_PACKAGE).glob("*.py")):
-        shutil.copy2(src, dest / TASKS_PACKAGE / src.name)
+    for rel in _task_sources(HANDLER_DIR):
+        (dest / TASKS_PACKAGE / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(HANDLER_DIR / TASKS_PACKAGE / rel, dest / TASKS_PACKAGE / rel)
 
 
 def handler_is_current(archive: Path) -> bool:
     """True when `archive` holds exactly this checkout's handler sources. A benchmark that
     reuses a built archive measures the handler it was built with: rebuild it otherwise."""
     archive = Path(archive)
-    ours = [HANDLER_DIR / HANDLER_FILE, *sorted((HANDLER_DIR / TASKS_PACKAGE).glob("*.py"))]
-    theirs = [archive / HANDLER_FILE, *sorted((archive / TASKS_PACKAGE).glob("*.py"))]
-    if [p.name for p in ours] != [p.name for p in theirs]:
+    ours, theirs = _task_sources(HANDLER_DIR), _task_sources(archive)
+    if ours != theirs or not (archive / HANDLER_FILE).is_file():
         return False
-    return all(a.read_bytes() == b.read_bytes() for a, b in zip(ours, theirs))
+    pairs = [(HANDLER_DIR / HANDLER_FILE, archive / HANDLER_FILE)]
+    pairs += [(HANDLER_DIR / TASKS_PACKAGE / r, archive / TASKS_PACKAGE / r) for r in ours]
+    return all(a.read_bytes() == b.read_bytes() for a, b in pairs)
 
 
 def _write(

@@ -14,7 +14,8 @@ Two profiles are comparable only if every field is equal:
   torch_version  installed torch distribution version (read without importing torch)
   mode           "<precision>-<runtime>" from the archive's model_config.yaml:
                  packrat.precision (default fp32) and packrat.runtime (default
-                 eager; "torchscript" = frozen graph mode)
+                 eager; "torchscript" = frozen graph mode), read as the worker
+                 reads them (packrat.modes.ExecutionMode)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import asdict
 from importlib import metadata
 from typing import Any, Mapping
 
+from packrat.modes import ExecutionMode
 from packrat.types import Fingerprint
 
 
@@ -65,42 +67,21 @@ def torch_version() -> str:
         return "none"
 
 
-def _lookup(config: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
-    # The handler reads its settings from the `packrat:` section of model_config.yaml
-    # (packrat.runtime, packrat.precision); top-level keys are accepted as a fallback.
-    sections = [config[s] for s in ("packrat",) if isinstance(config.get(s), Mapping)] + [config]
-    for section in sections:
-        for key in keys:
-            value = section.get(key)
-            if value not in (None, ""):
-                return str(value).lower()
-    return None
-
-
 def mode_from_config(config: Mapping[str, Any]) -> str:
     """"<precision>-<runtime>", e.g. "fp32-eager" or "bf16-torchscript"; defaults fp32/eager."""
-    precision = _lookup(config, ("precision",)) or "fp32"
-    runtime = _lookup(config, ("runtime",)) or "eager"
-    return f"{precision}-{runtime}"
+    return str(ExecutionMode.from_config(config))
 
 
 def split_mode(mode: str) -> tuple[str, str]:
     """"bf16-openvino" -> ("bf16", "openvino"); ValueError when it is not "<precision>-<runtime>"."""
-    precision, sep, runtime = str(mode).strip().lower().partition("-")
-    if not sep or not precision or not runtime:
-        raise ValueError(f"mode {mode!r} is not <precision>-<runtime>, e.g. bf16-openvino")
-    return precision, runtime
+    parsed = ExecutionMode.parse(mode)
+    return parsed.precision, parsed.runtime
 
 
 def config_in_mode(config: Mapping[str, Any], mode: str) -> dict[str, Any]:
     """A copy of an archive's config that runs in `mode` (packrat.precision/runtime set),
     everything else unchanged: one base archive serves every mode."""
-    precision, runtime = split_mode(mode)
-    out = dict(config)
-    section = dict(out.get("packrat") or {})
-    section.update(precision=precision, runtime=runtime)
-    out["packrat"] = section
-    return out
+    return ExecutionMode.parse(mode).in_config(config)
 
 
 def current_fingerprint(config: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Fingerprint:

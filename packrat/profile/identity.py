@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from packrat.errors import ConfigError
+from packrat.modes import ExecutionMode
 
 HANDLER_MODULE = "packrat_handler"
 CONFIG_NAME = "model_config.yaml"
@@ -147,9 +148,7 @@ def archive_in_mode(archive: ArchiveRef, mode: str) -> ArchiveRef:
     hash; the mode goes into the profile's fingerprint (packrat.profile.fingerprint)."""
     from dataclasses import replace
 
-    from packrat.profile.fingerprint import config_in_mode
-
-    return replace(archive, config=config_in_mode(archive.config, mode))
+    return replace(archive, config=ExecutionMode.parse(mode).in_config(archive.config))
 
 
 def open_archive(path: str | Path) -> ArchiveRef:

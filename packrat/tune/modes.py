@@ -21,11 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from packrat.modes import (
+    ExecutionMode,
+    every_mode,
+    int8s_runtime_refusal,
+    int8s_task_refusal,
+    pairing_refusal,
+    task_refusal,
+)
 from packrat.profile.probe import Capabilities
 
-PRECISIONS = ("fp32", "bf16", "int8", "int8s")
-INT8S_RUNTIMES = ("onnxruntime", "openvino")
-RUNTIMES = ("eager", "torchscript", "inductor", "onnxruntime", "openvino", "ipex")
 ALL = "all"
 
 # Tried by default, in this order after the archive's own mode: two per task, so
@@ -49,43 +54,38 @@ SHORTLIST: dict[str, tuple[str, ...]] = {
 
 def unsupported(mode: str, caps: Capabilities) -> str | None:
     """Why `mode` cannot run for this archive on this machine, or None."""
-    precision, sep, runtime = mode.partition("-")
-    if not sep or precision not in PRECISIONS or runtime not in RUNTIMES:
-        return f"unknown mode (precisions {', '.join(PRECISIONS)}; runtimes {', '.join(RUNTIMES)})"
+    try:
+        parsed = ExecutionMode.parse(mode)
+    except ValueError:
+        parsed = ExecutionMode("", "")
+    why = parsed.unknown()
+    if why:
+        return why
     if caps.task == "noop" and mode != caps.mode:
         return "the noop task has no model to run in another mode"
-    if precision == "int8s":
-        why = _int8s_unsupported(runtime, caps)
+    if parsed.precision == "int8s":
+        why = _int8s_unsupported(parsed.runtime, caps)
         if why:
             return why
-    if caps.task == "text-generation" and runtime != "eager":
-        return "text-generation runs eager only (the decoding loop is not traced or exported)"
-    if precision == "bf16" and caps.bf16:
+    why = task_refusal(caps.task, parsed.runtime)
+    if why:
+        return why
+    if parsed.precision == "bf16" and caps.bf16:
         return caps.bf16
-    if runtime in caps.unavailable:
-        return caps.unavailable[runtime]
-    if runtime not in caps.runtimes:
-        return f"runtime {runtime!r} is not offered by this archive's handler"
-    if precision == "bf16" and runtime == "onnxruntime":
-        return "ONNX Runtime's CPU provider has no bf16 kernels for these graphs"
-    if precision == "int8" and runtime in ("inductor", "ipex"):
-        return f"int8 is not offered with {runtime}"
-    return None
+    if parsed.runtime in caps.unavailable:
+        return caps.unavailable[parsed.runtime]
+    if parsed.runtime not in caps.runtimes:
+        return f"runtime {parsed.runtime!r} is not offered by this archive's handler"
+    return pairing_refusal(parsed)
 
 
 def _int8s_unsupported(runtime: str, caps: Capabilities) -> str | None:
-    if caps.task == "text-generation":
-        return ("int8-static is refused for text-generation: the decoding loop is not exported, and "
-                "calibrated activation ranges do not bound later tokens (docs/modes.md)")
-    if runtime not in INT8S_RUNTIMES:
-        return f"int8-static runs on {' and '.join(INT8S_RUNTIMES)} only"
+    why = int8s_task_refusal(caps.task) or int8s_runtime_refusal(runtime)
+    if why:
+        return why
     if caps.int8:
         return caps.int8
     return caps.unavailable.get(f"int8s-{runtime}")
-
-
-def every_mode() -> list[str]:
-    return [f"{p}-{r}" for r in RUNTIMES for p in PRECISIONS]
 
 
 def candidate_modes(caps: Capabilities, requested: Sequence[str] | None = None

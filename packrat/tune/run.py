@@ -50,7 +50,8 @@ from packrat.profile.fingerprint import config_in_mode, current_fingerprint
 from packrat.profile.identity import archive_in_mode
 from packrat.profile.library import HASHES, check_mode_profile, profile_file
 from packrat.profile.probe import probe_archive
-from packrat.tune.modes import ALL, PRECISIONS, RUNTIMES, candidate_modes
+from packrat.modes import PRECISIONS, RUNTIMES, ExecutionMode
+from packrat.tune.modes import ALL, candidate_modes
 from packrat.types import Plan, Profile
 
 DEFAULT_BATCH = 8  # planned for when no load has been observed yet
@@ -90,10 +91,16 @@ class TuneSettings:
         if not 1 <= self.cores <= usable_cores:
             raise ConfigError(f"cores must be 1..{usable_cores}, got {self.cores}")
         for m in self.modes or ():
-            p, _, r = m.strip().lower().partition("-")
-            if m.strip().lower() != ALL and (p not in PRECISIONS or r not in RUNTIMES):
+            if m.strip().lower() != ALL and not _known_mode(m):
                 raise ConfigError(f"unknown mode {m!r}: <precision>-<runtime> with precision in "
                                   f"{', '.join(PRECISIONS)} and runtime in {', '.join(RUNTIMES)}, or 'all'")
+
+
+def _known_mode(text: str) -> bool:
+    try:
+        return ExecutionMode.parse(text).unknown() is None
+    except ValueError:
+        return False
 
 
 def tune_batches(batch: int, cores: int, max_batch: int) -> tuple[int, ...]:
