@@ -25,8 +25,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from packrat.bench.sleepmodel import SLEEP_MODEL
+
 ROOT = Path(__file__).resolve().parents[1]
-SLEEP_MODEL = ROOT / "tests" / "data" / "observe" / "sleepmodel"
 DOCS = ROOT / "docs"
 TRACES = DOCS / "benchmarks"  # raw trace data; the page and figure stay in docs/
 MODEL = "sleepy"
