@@ -122,7 +122,8 @@ _TABLE: tuple[Setting, ...] = (
             "(--management-url)", env="PACKRAT_MANAGEMENT_URL", scope="pod"),
     Setting("pod_metrics_url", str, "http://127.0.0.1:8082", "TorchServe's metrics API (--metrics-url)",
             env="PACKRAT_METRICS_URL", scope="pod"),
-    Setting("pod_api_host", str, "0.0.0.0", "the controller's REST API address (--host)",
+    Setting("pod_api_host", str, "127.0.0.1", "the controller's REST API address (--host; loopback: only "
+            "the pod's auth proxy reaches it)",
             env="PACKRAT_API_HOST", scope="pod"),
     Setting("pod_api_port", int, 8085, "the controller's REST API port (--port)",
             env="PACKRAT_API_PORT", scope="pod"),
@@ -132,10 +133,12 @@ _TABLE: tuple[Setting, ...] = (
             env="PACKRAT_STOP_GRACE_S", scope="pod"),
     Setting("pod_controller_args", str, None, "extra controller flags, e.g. \"--no-tune --min-dwell 120\"",
             env="PACKRAT_CONTROLLER_ARGS", scope="pod"),
-    Setting("pod_inference_key", str, None, "inference key (Secret packrat-keys; 16+ of A-Z a-z 0-9 _ -)",
-            env="PACKRAT_INFERENCE_KEY", scope="pod"),
-    Setting("pod_management_key", str, None, "management key (Secret packrat-keys; differs from the "
-            "inference key)", env="PACKRAT_MANAGEMENT_KEY", scope="pod"),
+    Setting("pod_keys_dir", Path, Path("/etc/packrat/keys"), "Secret packrat-keys mounted as files: "
+            "inference, management (16+ of A-Z a-z 0-9 _ -, different)", env="PACKRAT_KEYS_DIR", scope="pod"),
+    Setting("pod_inference_key", str, None, "refused when set: every process would inherit it (keys come "
+            "as files, PACKRAT_KEYS_DIR)", env="PACKRAT_INFERENCE_KEY", scope="pod"),
+    Setting("pod_management_key", str, None, "refused when set: every process would inherit it (keys come "
+            "as files, PACKRAT_KEYS_DIR)", env="PACKRAT_MANAGEMENT_KEY", scope="pod"),
     # -- scripts and tests ---------------------------------------------------------------
     Setting("free_ports", bool, False, "scripts/run_demo.sh: free ports instead of 8080-8082",
             env="PACKRAT_FREE_PORTS", scope="scripts"),

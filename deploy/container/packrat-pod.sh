@@ -13,7 +13,13 @@
 # Here TorchServe runs with its token check off, bound to loopback only, and the
 # pod's auth proxy checks the keys of Secret packrat-keys at the pod boundary.
 # The controller checks the same management key: this script writes them into
-# a key_file.json in TorchServe's format for it.
+# a key_file.json in TorchServe's format for it. The keys come as files (the
+# Secret mounted at $PACKRAT_KEYS_DIR), never as environment variables, which
+# TorchServe's JVM, the fork server and every worker would inherit: keys in the
+# environment are refused.
+#
+# The controller listens on loopback only by default: the pod's auth proxy
+# reaches it there, no other pod does.
 #
 # Exits (and so the kubelet restarts the container) when either process exits.
 # Every path and URL can be overridden from the environment (tests run this
@@ -26,9 +32,10 @@ TS_WORKDIR=${PACKRAT_TS_WORKDIR:-/var/lib/torchserve}
 STATE_DIR=${PACKRAT_STATE_DIR:-/var/lib/packrat}
 RUN_DIR=${PACKRAT_RUN_DIR:-/var/run/packrat}
 KEY_FILE=${PACKRAT_KEY_FILE:-$RUN_DIR/keys/key_file.json}
+KEYS_DIR=${PACKRAT_KEYS_DIR:-/etc/packrat/keys}
 MANAGEMENT_URL=${PACKRAT_MANAGEMENT_URL:-http://127.0.0.1:18081}
 METRICS_URL=${PACKRAT_METRICS_URL:-http://127.0.0.1:8082}
-API_HOST=${PACKRAT_API_HOST:-0.0.0.0}
+API_HOST=${PACKRAT_API_HOST:-127.0.0.1}
 API_PORT=${PACKRAT_API_PORT:-8085}
 # Where workers claim their slots and write status files (packrat/slots.py): a
 # private subdirectory, created 0700 by the first worker.
@@ -37,18 +44,30 @@ export PACKRAT_SLOT_DIR=${PACKRAT_SLOT_DIR:-$RUN_DIR/slots}
 log() { echo "packrat-pod: $*" >&2; }
 
 # -- the key file the controller reads (TorchServe's format, keys from the Secret)
+for var in PACKRAT_INFERENCE_KEY PACKRAT_MANAGEMENT_KEY; do
+  if [ -n "${!var+set}" ]; then
+    log "$var is set: every process of this container would inherit it; mount Secret" \
+        "packrat-keys as files at $KEYS_DIR instead (deploy/kubernetes/base/deployment.yaml)"
+    exit 1
+  fi
+done
 mkdir -p "$(dirname "$KEY_FILE")" "$TS_WORKDIR" "$STATE_DIR"
 chmod 0700 "$(dirname "$KEY_FILE")"
-python - "$KEY_FILE" <<'PY'
+python - "$KEY_FILE" "$KEYS_DIR" <<'PY'
 import json, os, re, secrets, sys
 
 keys = {}
-for kind, var in (("inference", "PACKRAT_INFERENCE_KEY"), ("management", "PACKRAT_MANAGEMENT_KEY")):
-    key = os.environ.get(var, "")
+for kind in ("inference", "management"):
+    path = os.path.join(sys.argv[2], kind)
+    try:
+        with open(path) as f:
+            key = f.readline().rstrip("\n")
+    except OSError as exc:
+        sys.exit(f"packrat-pod: cannot read the {kind} key: {exc} (Secret packrat-keys, mounted as files)")
     # The auth proxy matches keys inside a regular expression: only URL-safe
     # base64 characters are safe there (and TorchServe's own keys use them).
     if not re.fullmatch(r"[A-Za-z0-9_-]{16,}", key):
-        sys.exit(f"packrat-pod: {var} (Secret packrat-keys, key {kind!r}) must be 16 or more "
+        sys.exit(f"packrat-pod: {path} (Secret packrat-keys, key {kind!r}) must be 16 or more "
                  "characters of A-Z a-z 0-9 _ -")
     keys[kind] = {"key": key}
 if keys["inference"]["key"] == keys["management"]["key"]:
