@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
-from packrat.archive.builder import HANDLER_DIR
-
-sys.path.insert(0, str(HANDLER_DIR))
-from packrat_tasks.runtime import RUNTIMES, runtime  # noqa: E402
+from packrat_tasks.runtime import RUNTIMES, runtime  # handlers/: on the path (pyproject's pythonpath)
 
 
 @contextmanager

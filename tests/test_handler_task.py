@@ -68,7 +68,6 @@ def test_one_step_resize_and_crop_matches_the_standard_two_step_transform(size) 
     import numpy as np
     from PIL import Image
 
-    sys.path.insert(0, str(__import__("packrat.archive.builder", fromlist=["x"]).HANDLER_DIR))
     from packrat_tasks.image import CROP, MEAN, STD, resized_size, to_pixels
     from packrat_tasks.samples import sample_jpeg
 

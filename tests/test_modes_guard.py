@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,13 +12,10 @@ import torch
 import yaml
 
 from packrat.archive import ArchiveOptions, build_named
-from packrat.archive.builder import HANDLER_DIR
-
-sys.path.insert(0, str(HANDLER_DIR))
-from packrat_tasks import guard  # noqa: E402
-from packrat_tasks.precision import PrecisionError, bf16_problem  # noqa: E402
-from packrat_tasks.runtime import make_runner  # noqa: E402
-from modes_support import noisy_runtime  # noqa: E402
+from packrat_tasks import guard  # handlers/: on the path (pyproject's pythonpath)
+from packrat_tasks.precision import PrecisionError, bf16_problem
+from packrat_tasks.runtime import make_runner
+from modes_support import noisy_runtime
 
 HAVE_OV = importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("onnx") is not None
 

@@ -146,15 +146,8 @@ class TestTextModes:
 
 def _handler_module(name: str):
     import importlib
-    import sys
 
-    from packrat.archive.builder import HANDLER_DIR
-
-    sys.path.insert(0, str(HANDLER_DIR))
-    try:
-        return importlib.import_module(f"packrat_tasks.{name}")
-    finally:
-        sys.path.remove(str(HANDLER_DIR))
+    return importlib.import_module(f"packrat_tasks.{name}")  # handlers/: on the path (pythonpath)
 
 
 def _image(seed: int) -> bytes:

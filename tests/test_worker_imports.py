@@ -14,8 +14,6 @@ import pytest
 from packrat.archive import build_named
 from packrat.archive.builder import HANDLER_DIR
 
-sys.path.insert(0, str(HANDLER_DIR))
-
 TEXTS = [
     "The film was a delight.", "  leading and trailing spaces  ", "Ünïcödé, accents: café naïve résumé",
     "emoji 🙂 and CJK 漢字 and a very-long-hyphenated-compound-word", "UPPER lower MiXeD 12345 3.14",
