@@ -6,15 +6,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import requests
 
 from packrat.server import RunningServer, start_torchserve
+from waiting import wait_until
 
 
 def start_server(model_store: Path, workdir: Path, **kwargs) -> RunningServer:
@@ -23,6 +26,20 @@ def start_server(model_store: Path, workdir: Path, **kwargs) -> RunningServer:
     Whatever reads its workers' status files (a Swapper in the test process, a
     controller subprocess) must use PACKRAT_SLOT_DIR=server.slot_dir."""
     return start_torchserve(model_store, workdir, slot_dir=Path(workdir) / "slots", **kwargs)
+
+
+def usable_cores(n: int = 2) -> tuple[int, ...]:
+    """The first `n` CPUs this process may run on (not 0 and 1: a CI container may be
+    pinned to others); skips the test, saying why, where fewer are usable."""
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) < n:
+        pytest.skip(f"needs {n} usable CPUs, this process may run on {len(usable)}: {usable}")
+    return tuple(usable[:n])
+
+
+def cpu_list(cores: tuple[int, ...] | list[int]) -> str:
+    """(2, 5) -> '2,5', for a --cores option."""
+    return ",".join(str(c) for c in cores)
 
 
 def process_alive(pid: int) -> bool:
@@ -57,10 +74,35 @@ def predict(server: RunningServer, name: str, body: bytes | None = None, json: o
 
 
 def predict_together(server: RunningServer, name: str, payloads: list[dict]) -> list[requests.Response]:
-    """Send all payloads at once (one thread each) so TorchServe can batch them."""
+    """Send all payloads at once (one thread each, released together) so TorchServe can batch them."""
+    start = threading.Barrier(len(payloads))
+
+    def send(p: dict) -> requests.Response:
+        start.wait(60)
+        return predict(server, name, **p)
+
     with ThreadPoolExecutor(len(payloads)) as pool:
-        futures = [pool.submit(predict, server, name, **p) for p in payloads]
+        futures = [pool.submit(send, p) for p in payloads]
         return [f.result() for f in futures]
+
+
+def predict_batched(server: RunningServer, name: str, payloads: list[dict],
+                    timeout_s: float = 180.0) -> list[requests.Response]:
+    """predict_together until TorchServe put all of them in one batch (each answer's
+    x-packrat-batch-size says so). The batch window is short (300 ms in the test
+    archives): on a busy machine a try may miss it, so it is tried again; only a server
+    that never batches them within `timeout_s` fails (a hang guard, not a speed bound)."""
+    sizes: list = []
+
+    def batched() -> list[requests.Response] | None:
+        responses = predict_together(server, name, payloads)
+        sizes.append([r.headers.get("x-packrat-batch-size") for r in responses])
+        return responses if set(sizes[-1]) == {str(len(payloads))} else None
+
+    try:
+        return wait_until(batched, timeout_s, f"{len(payloads)} requests to {name} batched together", step_s=0.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; batch sizes seen, last tries: {sizes[-5:]}") from None
 
 
 class ControllerProcess:
@@ -90,7 +132,8 @@ class ControllerProcess:
         cmd = [sys.executable, "-m", "packrat.cli", "controller",
                "--management-url", self.server.management_url, "--metrics-url", self.server.metrics_url,
                "--key-file", str(self.server.key_file), "--model-store", str(self.store),
-               "--state-dir", str(state), "--cores", "0-1", "--port", str(port or self.port), *self.extra]
+               "--state-dir", str(state), "--cores", cpu_list(usable_cores(2)),
+               "--port", str(port or self.port), *self.extra]
         state.mkdir(parents=True, exist_ok=True)
         log = open(state / "controller.out", "ab")
         env = dict(os.environ, PACKRAT_SLOT_DIR=str(self.server.slot_dir))

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 from packrat.bench.fuzz import png_claiming
-from serving_support import ensure_registered, predict_together, worker_pids
+from serving_support import ensure_registered, predict_batched, worker_pids
 
 pytestmark = pytest.mark.torchserve
 
@@ -103,20 +103,11 @@ def server(torchserve):
     return torchserve
 
 
-def _together(server, model: str, payloads: list[dict]):
-    """Send until TorchServe batched all of them (the 300 ms window almost always does)."""
-    for _attempt in range(4):
-        responses = predict_together(server, model, payloads)
-        if {r.headers.get("x-packrat-batch-size") for r in responses} == {str(len(payloads))}:
-            return responses
-    pytest.fail(f"requests were not batched together: {[r.headers.get('x-packrat-batch-size') for r in responses]}")
-
-
 @pytest.mark.parametrize("cls,model,bad,status,words", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_fails_alone_in_its_batch(server, cls, model, bad, status, words) -> None:
     before = worker_pids(server, model)
     good = GOOD[model]
-    responses = _together(server, model, [good, bad, good, good])
+    responses = predict_batched(server, model, [good, bad, good, good])
     assert [r.status_code for r in responses] == [200, status, 200, 200], [r.text[:200] for r in responses]
     body = responses[1].json()
     assert body["code"] == status and words in body["message"], body
@@ -124,5 +115,5 @@ def test_bad_input_fails_alone_in_its_batch(server, cls, model, bad, status, wor
 
 
 def test_json_depth_at_the_limit_is_accepted(server) -> None:
-    responses = _together(server, "tiny-bert-b4", [{"body": _nested(32)}] * 2 + [GOOD["tiny-bert-b4"]] * 2)
+    responses = predict_batched(server, "tiny-bert-b4", [{"body": _nested(32)}] * 2 + [GOOD["tiny-bert-b4"]] * 2)
     assert [r.status_code for r in responses] == [200] * 4, [r.text[:200] for r in responses]

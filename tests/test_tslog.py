@@ -86,28 +86,43 @@ def test_worker_request_line_stays_with_torchserves_logging(root_filters, caplog
     assert "Backend received inference at" in caplog.text
 
 
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _since(path: Path, offset: int) -> str:
+    """What was written to `path` after it was `offset` bytes long."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
 @pytest.mark.torchserve
 def test_requests_leave_only_the_access_log_line(torchserve) -> None:
+    """Only what this test's requests wrote is read (the session server's logs also hold
+    every other module's lines), except the start-up report, written once per server."""
     ensure_registered(torchserve, "noop")
     url = f"{torchserve.inference_url}/predictions/noop"
     headers = torchserve.inference_headers()
     logs = torchserve.log_dir
-    before = len((logs / "access_log.log").read_text().splitlines())
-    for i in range(20):
-        r = requests.post(url, data=f"log line {i}".encode(), headers=headers, timeout=60)
+    files = {name: logs / f"{name}.log" for name in ("access_log", "ts_log", "model_log")}
+    offsets = {name: _size(path) for name, path in files.items()}
+    bodies = [f"tslog request {i}".encode() for i in range(20)]
+    for body in bodies:
+        r = requests.post(url, data=body, headers=headers, timeout=60)
         assert r.status_code == 200, r.text
-    access = (logs / "access_log.log").read_text().splitlines()[before:]
-    assert sum('"POST /predictions/noop' in line for line in access) >= 20
-    ts_log = (logs / "ts_log.log").read_text()
-    model_log = (logs / "model_log.log").read_text()
+    access, ts_log, model_log = (_since(files[n], offsets[n]) for n in ("access_log", "ts_log", "model_log"))
+    assert sum('"POST /predictions/noop' in line for line in access.splitlines()) >= len(bodies)
     # TorchServe's built-in configuration writes these for every request or batch.
     for per_request in ("Backend response time", "Looping backend response", "result=[METRICS]"):
         assert per_request not in ts_log
     assert "Backend received inference" not in model_log
-    # The frontend's info lines (its start-up report here) still reach ts_log, each line
-    # once (the built-in configuration writes org.pytorch.serve's lines twice into ts_log).
-    assert "Torchserve version" in ts_log
-    lines = [re.sub(r"^\S+ ", "", line) for line in ts_log.splitlines() if "org.pytorch.serve" in line]
+    # The frontend's info lines (its start-up report, written before any test) still reach
+    # ts_log, each once (the built-in configuration writes org.pytorch.serve's lines twice).
+    whole = files["ts_log"].read_text().splitlines()
+    assert sum(line.startswith("Torchserve version") for line in whole) == 1
+    start_up = whole[:next(i for i, line in enumerate(whole) if line.startswith("Torchserve version"))]
+    lines = [re.sub(r"^\S+ ", "", line) for line in start_up if "org.pytorch.serve" in line]
     assert lines and not any(a == b for a, b in zip(lines, lines[1:]))
     # The counters the controller's observer reads come from the frontend, not the logs.
     metrics = requests.get(f"{torchserve.metrics_url}/metrics", timeout=30).text
