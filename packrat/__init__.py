@@ -8,10 +8,9 @@
     packrat.apply     3. the only code that talks to TorchServe's REST API (client, versions, swaps)
     packrat.observe   4. metrics -> load estimate -> re-plan decision
     packrat.tune      guard + profile every execution mode, choose (mode, plan)
-    packrat.control   the controller: state, clock, the loop over the four stages
+    packrat.control   the controller: state, clock, the loop over the four stages; tunes each model by itself
     packrat.jobs      background jobs the controller runs (profiling)
     packrat.api       REST: parse -> call the controller -> render
-    packrat.autotune  the controller tunes each model by itself (new model, new archive, new machine)
     packrat.server    start/stop a TorchServe process (CLI, bench, tests)
     packrat.bench     load generation and the side-by-side benchmark
     packrat.commands  the `packrat` CLI (packrat.cli)

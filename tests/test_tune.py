@@ -26,7 +26,7 @@ import requests
 import yaml
 
 from packrat.apply import versions
-from packrat.autotune import why_tune
+from packrat.control.tuning import why_tune
 from packrat.bench.loadgen import ContinuousLoad
 from packrat.plan import MODE_MARGIN, mode_candidates, realizable_plan, same_shape
 from packrat.profile.probe import Capabilities

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,60 @@ def scrape_metrics(metrics_url: str, *, timeout_s: float = 5.0,
     if resp.status_code >= 400:
         raise TorchServeError("GET", url, resp.status_code, resp.text)
     return resp.text
+
+
+@dataclass(frozen=True)
+class WorkerDescription:
+    """One worker in TorchServe's describe answer."""
+
+    id: str
+    pid: int  # -1 while TorchServe has not started its process
+    status: str  # READY, UNLOADING, ...
+    raw: Mapping[str, Any]  # every field as TorchServe answered (memoryUsage, gpu, ...)
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "READY"
+
+    @classmethod
+    def parse(cls, w: Mapping[str, Any]) -> WorkerDescription:
+        return cls(str(w.get("id", "")), int(w.get("pid", -1) or -1), str(w.get("status", "")), dict(w))
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """One version of a model as TorchServe describes it (GET /models/{m}[/{v}|/all]), parsed once."""
+
+    name: str
+    version: str
+    url: str  # the directory in the model store it was registered from
+    batch_size: int
+    max_batch_delay_ms: int
+    pending_requests: int  # jobs in its queue (TorchServe counts only its default data queue)
+    workers: tuple[WorkerDescription, ...]
+
+    @classmethod
+    def parse(cls, d: Mapping[str, Any]) -> ModelDescription:
+        return cls(
+            name=str(d.get("modelName", "")),
+            version=str(d.get("modelVersion", "")),
+            url=str(d.get("modelUrl", "")),
+            batch_size=int(d.get("batchSize", 1) or 1),
+            max_batch_delay_ms=int(d.get("maxBatchDelay", 0) or 0),
+            pending_requests=int((d.get("jobQueueStatus") or {}).get("pendingRequests", 0)),
+            workers=tuple(WorkerDescription.parse(w) for w in d.get("workers", []) or []),
+        )
+
+    @classmethod
+    def of(cls, d: ModelDescription | Mapping[str, Any]) -> ModelDescription:
+        """`d` itself, or TorchServe's raw answer parsed (callers holding a describe() dict)."""
+        return d if isinstance(d, ModelDescription) else cls.parse(d)
+
+    def worker_pids(self) -> list[int]:
+        return [w.pid for w in self.workers if w.pid > 0]
+
+    def ready_workers(self) -> tuple[WorkerDescription, ...]:
+        return tuple(w for w in self.workers if w.ready)
 
 
 class _Unreachable(Exception):
@@ -194,6 +250,13 @@ class ManagementClient:
     def describe_all(self, model: str) -> list[dict[str, Any]]:
         """Every loaded version of `model`, with workers (id, pid, status) and queue."""
         return self._request("GET", f"/models/{model}/all")
+
+    # The same two answers, parsed: what Packrat's own code reads (the raw ones stay for tools).
+    def describe_model(self, model: str, version: str | None = None) -> ModelDescription:
+        return ModelDescription.parse(self.describe(model, version))
+
+    def describe_versions(self, model: str) -> tuple[ModelDescription, ...]:
+        return tuple(ModelDescription.parse(d) for d in self.describe_all(model))
 
     def register(
         self,

@@ -65,7 +65,7 @@ from typing import Any
 
 from packrat import slots
 from packrat.apply import versions
-from packrat.apply.client import ManagementClient
+from packrat.apply.client import ManagementClient, ModelDescription
 from packrat.apply.versions import VersionDir
 from packrat.errors import ConfigError, SwapError, TorchServeError
 from packrat.types import Plan, SwapRecord
@@ -213,13 +213,13 @@ def unread_bytes(pid: int, queues: dict[int, int] | None = None) -> int | None:
     return sum(queues.get(i, 0) for i in inodes)
 
 
-def worker_pids(described: dict[str, Any]) -> list[int]:
-    return [int(w["pid"]) for w in described.get("workers", []) if int(w.get("pid", -1)) > 0]
+def worker_pids(described: ModelDescription | dict[str, Any]) -> list[int]:
+    return ModelDescription.of(described).worker_pids()
 
 
-def pending_requests(described: dict[str, Any]) -> int:
+def pending_requests(described: ModelDescription | dict[str, Any]) -> int:
     """Jobs in a version's queue (TorchServe counts only its default data queue)."""
-    return int((described.get("jobQueueStatus") or {}).get("pendingRequests", 0))
+    return ModelDescription.of(described).pending_requests
 
 
 @dataclass(frozen=True)
@@ -234,14 +234,13 @@ class WorkerCheck:
     why: str = ""
 
 
-def check_workers(described: dict[str, Any], vdir: VersionDir) -> list[WorkerCheck]:
+def check_workers(described: ModelDescription | dict[str, Any], vdir: VersionDir) -> list[WorkerCheck]:
     """Is every worker of a version READY, in its own slot, pinned and sized as planned?"""
     checks = []
     seen_slots: set[int] = set()
     slot_by_index = {i: s for i, s in enumerate(vdir.slots)}
-    for w in described.get("workers", []):
-        pid = int(w.get("pid", -1))
-        ready = w.get("status") == "READY"
+    for w in ModelDescription.of(described).workers:
+        pid, ready = w.pid, w.ready
         status = slots.read_worker_status(pid) if pid > 0 else None
         if not ready or status is None:
             checks.append(WorkerCheck(pid, ready, None, None, None, None, False, "not ready or no status yet"))
@@ -329,6 +328,45 @@ def _forget_worker_status(pids: list[int]) -> None:
 # -- the swap ------------------------------------------------------------------
 
 
+_ORDER = ("create", "register", "ready", "set_default", "drain", "retire")
+
+
+class _Phases:
+    """A swap's record as it goes: each phase timed, `on_phase` told as the next begins."""
+
+    def __init__(self, record: SwapRecord, clock: Callable[[], float],
+                 on_phase: Callable[[SwapRecord], None] | None) -> None:
+        self.record = record
+        self.clock = clock
+        self.on_phase = on_phase
+        self.timed: list[tuple[str, float]] = []
+        self.warnings: list[str] = []
+        self.t0 = self.mark = clock()
+
+    def begin(self, name: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(replace(self.record, phase=name, phases_s=tuple(self.timed)))
+
+    def end(self, name: str) -> None:
+        now = self.clock()
+        self.timed.append((name, round(now - self.mark, 3)))
+        self.mark = now
+        nxt = _ORDER.index(name) + 1
+        if nxt < len(_ORDER):
+            self.begin(_ORDER[nxt])
+
+    def split_retire(self, unregister_s: float) -> None:
+        """The last phase, retire, as retire + unregister (the call inside it, and what followed)."""
+        _, retire_s = self.timed.pop()
+        unregister_s = min(retire_s, unregister_s)
+        self.timed.append(("retire", round(retire_s - unregister_s, 3)))
+        self.timed.append(("unregister", round(unregister_s + self.clock() - self.mark, 3)))
+
+    def finish(self, outcome: str, error: str | None = None) -> SwapRecord:
+        return replace(self.record, outcome=outcome, error=error, phases_s=tuple(self.timed),
+                       warnings=tuple(self.warnings), duration_s=round(self.clock() - self.t0, 3))
+
+
 class Swapper:
     """Applies plans to one model of one TorchServe. Not thread-safe: one swap at a time."""
 
@@ -350,8 +388,8 @@ class Swapper:
 
     # The default version and what directory it was registered from.
     def current(self, model: str) -> tuple[str, str]:
-        d = self.client.describe(model)
-        return d["modelVersion"], d["modelUrl"]
+        d = self.client.describe_model(model)
+        return d.version, d.url
 
     def base_of(self, url: str) -> str:
         """The base model directory behind a registered url (itself, or a Packrat version's base)."""
@@ -361,98 +399,76 @@ class Swapper:
 
     def apply(
         self, model: str, plan: Plan, on_phase: Callable[[SwapRecord], None] | None = None,
-        cores: Sequence[int] | None = None,
+        cores: Sequence[int] | None = None, current: tuple[str, str] | None = None,
     ) -> SwapRecord:
         """Make `plan` the live shape of `model`. Returns the record; raises SwapError on failure.
 
         `on_phase(record)` is called as each phase begins, with `record.phase` naming it
         (create, register, ready, set_default, drain, retire) and the phases done so far.
+        `current`: (version, url) of the default version, when the caller just read it
+        (the controller does, under its swap lock); else it is read here.
         """
-        s = self.settings
         # `cores`: the model's own cores when the controller divides them among models.
         use_cores = list(cores) if cores is not None else self.cores
         versions.validate_plan(plan, len(use_cores))  # ConfigError: nothing touched yet
-        old_version, old_url = self.current(model)
-        record = SwapRecord(model=model, from_version=old_version, to_version=None, plan=plan,
-                            started_at=time.time())
-        phases: list[tuple[str, float]] = []
-        warnings: list[str] = []
-        t0 = self.clock()
-        mark = t0
-        order = ("create", "register", "ready", "set_default", "drain", "retire")
+        old_version, old_url = current or self.current(model)
+        p = _Phases(SwapRecord(model=model, from_version=old_version, to_version=None, plan=plan,
+                               started_at=time.time()), self.clock, on_phase)
+        p.begin("create")
+        vdir = versions.create_version(self.model_store, self.base_of(old_url), model, plan, use_cores,
+                                       max_batch_delay_ms=self.settings.max_batch_delay_ms)
+        p.record = replace(p.record, to_version=vdir.version)
+        p.end("create")
+        self._go_live(model, old_version, vdir, p)
+        self._retire_old(model, old_version, old_url, p)
+        return p.finish("applied")
 
-        def begin(name: str) -> None:
-            if on_phase is not None:
-                on_phase(replace(record, phase=name, phases_s=tuple(phases)))
-
-        def phase(name: str) -> None:
-            nonlocal mark
-            now = self.clock()
-            phases.append((name, round(now - mark, 3)))
-            mark = now
-            nxt = order.index(name) + 1
-            if nxt < len(order):
-                begin(order[nxt])
-
-        def finish(outcome: str, error: str | None = None) -> SwapRecord:
-            return replace(record, outcome=outcome, error=error, phases_s=tuple(phases),
-                           warnings=tuple(warnings), duration_s=round(self.clock() - t0, 3))
-
-        begin("create")
-        vdir = versions.create_version(
-            self.model_store,
-            self.base_of(old_url),
-            model,
-            plan,
-            use_cores,
-            max_batch_delay_ms=s.max_batch_delay_ms,
-        )
-        record = replace(record, to_version=vdir.version)
-        phase("create")
+    def _go_live(self, model: str, old_version: str, vdir: VersionDir, p: _Phases) -> None:
+        """register -> ready -> set-default -> drain the old version; on failure roll back
+        and raise SwapError with the record."""
+        s = self.settings
         defaulted = False
         try:
             self.client.register(vdir.url, model, len(vdir.slots), timeout_s=s.register_timeout_s)
             register_end = time.time()
-            phase("register")
+            p.end("register")
             ready = self._wait_ready(model, vdir)
             ready_phases, started = startup_breakdown(
                 [slots.read_worker_status(c.pid) for c in ready], register_end, time.time())
-            record = replace(record, ready_phases_s=ready_phases, workers=started)
-            phase("ready")
+            p.record = replace(p.record, ready_phases_s=ready_phases, workers=started)
+            p.end("ready")
             self.client.set_default(model, vdir.version)
             defaulted = True
             # The new version is live from here on (what the issue times a swap by).
-            record = replace(record, live_s=round(self.clock() - t0, 3))
-            phase("set_default")
+            p.record = replace(p.record, live_s=round(self.clock() - p.t0, 3))
+            p.end("set_default")
             self.drain(model, old_version, min_s=s.min_drain_s)
-            phase("drain")
+            p.end("drain")
         except (TorchServeError, SwapError, ConfigError) as exc:
-            outcome = self._rollback(model, old_version, vdir, defaulted, warnings)
-            failed = finish(outcome, f"{type(exc).__name__}: {exc}")
+            outcome = self._rollback(model, old_version, vdir, defaulted, p.warnings)
+            failed = p.finish(outcome, f"{type(exc).__name__}: {exc}")
             raise SwapError(
                 f"swap of {model} {old_version} -> {vdir.version} failed "
                 f"({outcome.replace('_', ' ')}): {exc}",
                 record=failed,
             ) from exc
-        # Past the point of no return: the new version serves. Clean-up failures are warnings.
+
+    def _retire_old(self, model: str, old_version: str, old_url: str, p: _Phases) -> None:
+        """Past the point of no return: the new version serves. Clean-up failures are warnings."""
         try:
             returned = self.retire(model, old_version, drain_first=False)
             if returned:
-                warnings.append(f"{returned} job(s) came back from {old_version}'s workers and were served again")
+                p.warnings.append(f"{returned} job(s) came back from {old_version}'s workers and were served again")
         except (TorchServeError, SwapError) as exc:
-            warnings.append(f"old version {old_version} not retired: {exc}")
-        phase("retire")
+            p.warnings.append(f"old version {old_version} not retired: {exc}")
+        p.end("retire")
         if self._registered(model, old_version) is False:
             self.retire_dir(old_url)
         else:
-            warnings.append(f"old version {old_version} still registered; {old_url} kept")
+            p.warnings.append(f"old version {old_version} still registered; {old_url} kept")
         # The unregister call ran inside retire(): reported as a phase of its own,
         # with the check that it is gone and the version directory's removal.
-        _, retire_s = phases.pop()
-        unregister_s = min(retire_s, self.last_unregister_s)
-        phases.append(("retire", round(retire_s - unregister_s, 3)))
-        phases.append(("unregister", round(unregister_s + self.clock() - mark, 3)))
-        return finish("applied")
+        p.split_retire(self.last_unregister_s)
 
     # -- phases ------------------------------------------------------------------
 
@@ -461,7 +477,7 @@ class Swapper:
         last: list[WorkerCheck] = []
         pids_by_worker: dict[str, set[int]] = {}
         while self.clock() < deadline:
-            d = self.client.describe(model, vdir.version)
+            d = self.client.describe_model(model, vdir.version)
             last = check_workers(d, vdir)
             if len(last) == len(vdir.slots) and all(c.ok for c in last):
                 return last
@@ -470,9 +486,9 @@ class Swapper:
             if wrong:
                 raise SwapError(f"workers of {model} {vdir.version} not as planned: {[c.why for c in wrong]}")
             # TorchServe restarts a worker that dies while loading, forever (with back-off).
-            for w in d.get("workers", []):
-                if int(w.get("pid", -1)) > 0:
-                    pids_by_worker.setdefault(str(w.get("id")), set()).add(int(w["pid"]))
+            for w in d.workers:
+                if w.pid > 0:
+                    pids_by_worker.setdefault(w.id, set()).add(w.pid)
             dying = {k: sorted(v) for k, v in pids_by_worker.items() if len(v) >= self.settings.max_worker_starts}
             if dying:
                 raise SwapError(
@@ -511,14 +527,14 @@ class Swapper:
         last_started: dict[int, int] = {}
         first_poll = not fresh_workers
         while self.clock() < deadline:
-            d = self.client.describe(model, version)
-            quiet_needed = max(s.drain_quiet_s, 2 * int(d.get("maxBatchDelay", 0)) / 1000.0)
+            d = self.client.describe_model(model, version)
+            quiet_needed = max(s.drain_quiet_s, 2 * d.max_batch_delay_ms / 1000.0)
             snapshot = self._in_flight_snapshot(d)
             if first_poll:
                 # The baseline counters are read after this describe: jobs it counted as
                 # queued may have started in between. Count the queue again, after them.
-                d = self.client.describe(model, version)
-            pending = pending_requests(d)
+                d = self.client.describe_model(model, version)
+            pending = d.pending_requests
             seen_jobs = max(seen_jobs, pending)
             counted = True  # every READY worker keeps a status file
             for key, _ in snapshot or ():
@@ -530,7 +546,7 @@ class Swapper:
                     counted = False
             first_poll = False
             batches = sum(last_started[p] - first_started[p] for p in last_started)
-            covered = not counted or batches * max(1, int(d.get("batchSize", 1))) >= seen_jobs
+            covered = not counted or batches * max(1, d.batch_size) >= seen_jobs
             idle = pending == 0 and covered and snapshot is not None and all(x[1] for x in snapshot)
             now = self.clock()
             if idle and snapshot == last_snapshot:
@@ -543,7 +559,7 @@ class Swapper:
         raise SwapError(f"{model} {version} did not drain within {s.drain_timeout_s:.0f}s")
 
     @staticmethod
-    def _in_flight_snapshot(described: dict[str, Any]) -> tuple[tuple[Any, bool], ...] | None:
+    def _in_flight_snapshot(described: ModelDescription) -> tuple[tuple[Any, bool], ...] | None:
         """Per READY worker: (a counter that moves with every batch, idle?).
 
         Only READY workers: TorchServe hands batches only to a worker whose model
@@ -551,9 +567,8 @@ class Swapper:
         CPU without holding a job.
         """
         out = []
-        ready = {"workers": [w for w in described.get("workers", []) if w.get("status") == "READY"]}
         queues = unix_receive_queues()
-        for pid in worker_pids(ready):
+        for pid in (w.pid for w in described.ready_workers() if w.pid > 0):
             status = slots.read_worker_status(pid)
             if status is not None:
                 started, done = int(status["started"]), int(status["done"])
@@ -588,21 +603,21 @@ class Swapper:
         workers = 0
         came_back = 0
         for attempt in range(s.retire_attempts):
-            d = self.client.describe(model, version)
-            if d.get("workers"):
-                workers = max(workers, len(d["workers"]))
+            d = self.client.describe_model(model, version)
+            if d.workers:
+                workers = max(workers, len(d.workers))
                 if attempt > 0:
                     # The workers were started to serve the jobs that came back: wait until
                     # they have taken them into batches they started, not just off the queue.
                     self.drain(model, version, expect_jobs=came_back, fresh_workers=True)
                 elif drain_first:
                     self.drain(model, version, min_s=min_drain_s)
-                pids = worker_pids(self.client.describe(model, version))
+                pids = self.client.describe_model(model, version).worker_pids()
                 self.client.scale(model, version, 0, synchronous=True, timeout_s=s.scale_timeout_s)
                 _forget_worker_status(pids)
-                d = self.client.describe(model, version)
-            pending = pending_requests(d)
-            if pending == 0 and not d.get("workers"):
+                d = self.client.describe_model(model, version)
+            pending = d.pending_requests
+            if pending == 0 and not d.workers:
                 t = self.clock()
                 self.client.unregister(model, version)
                 self.last_unregister_s = self.clock() - t
@@ -616,9 +631,9 @@ class Swapper:
             "scale to 0 / scale up; left registered"
         )
 
-    def _planned_workers(self, described: dict[str, Any]) -> int:
+    def _planned_workers(self, described: ModelDescription) -> int:
         """Workers a version runs with: its plan's instances (Packrat version), else 1."""
-        path = self.model_store / str(described.get("modelUrl", ""))
+        path = self.model_store / described.url
         try:
             vdir = versions.load_version(path) if (path / versions.MANIFEST).exists() else None
         except ConfigError:
@@ -630,8 +645,8 @@ class Swapper:
         self.client.scale(model, version, workers, synchronous=False)
         deadline = self.clock() + self.settings.ready_timeout_s
         while self.clock() < deadline:
-            d = self.client.describe(model, version)
-            if sum(w.get("status") == "READY" for w in d.get("workers", [])) >= workers:
+            d = self.client.describe_model(model, version)
+            if len(d.ready_workers()) >= workers:
                 return
             time.sleep(self.settings.poll_s * 4)
         raise SwapError(f"{model} {version}: {workers} worker(s) not READY after scaling up to serve returned jobs")
@@ -639,7 +654,7 @@ class Swapper:
     def _registered(self, model: str, version: str) -> bool | None:
         """Does TorchServe list `version` of `model`? None when it cannot be asked."""
         try:
-            return any(d.get("modelVersion") == version for d in self.client.describe_all(model))
+            return any(d.version == version for d in self.client.describe_versions(model))
         except TorchServeError as exc:
             if exc.status == 404:
                 return False  # no version of the model at all

@@ -175,17 +175,22 @@ def create_version(
             f"({sorted({i.batch for i in plan.instances})})"
         )
     manifest = read_manifest(base_dir)
-    base_config = read_config(base_dir)
     config_name = (manifest.get("model") or {}).get("configFile") or CONFIG
     version = version or next_version(store, model)
     path = store / f"{model}.{version}"
     if path.exists():
         raise ConfigError(f"{path} already exists")
-    slots = assign_cores(plan, cores)
-    plan_id = f"{model}-{version}-{uuid.uuid4().hex[:8]}"
-    batch_size = plan.instances[0].batch
-    max_batch_delay_ms = batch_delay_ms(plan, max_batch_delay_ms)
-
+    vdir = VersionDir(
+        model=model,
+        version=version,
+        path=path,
+        plan_id=f"{model}-{version}-{uuid.uuid4().hex[:8]}",
+        base=base,
+        plan=plan,
+        slots=assign_cores(plan, cores),
+        batch_size=plan.instances[0].batch,
+        max_batch_delay_ms=batch_delay_ms(plan, max_batch_delay_ms),
+    )
     tmp = store / f".{path.name}.tmp-{uuid.uuid4().hex[:6]}"
     tmp.mkdir()
     try:
@@ -194,54 +199,55 @@ def create_version(
                 continue
             # Relative link: the store can be moved as a whole.
             os.symlink(Path("..") / base / entry.name, tmp / entry.name)
-        config = dict(base_config)
-        # The base's own packrat keys (task, precision, ...) stay; the shape keys are ours.
-        packrat_cfg = dict(base_config.get("packrat") or {})
-        if plan.mode is not None:
-            # The plan's mode overrides the base's: one base archive serves every mode,
-            # so a swap changes the mode and the shape together.
-            packrat_cfg["precision"], packrat_cfg["runtime"] = split_mode(plan.mode)
-        packrat_cfg.update(
-            {
-                "plan_id": plan_id,
-                "base": base,
-                "slots": [{"cores": list(s.cores), "threads": s.threads} for s in slots],
-                "plan": plan.to_dict(),
-            }
-        )
-        config.update(
-            {
-                "batchSize": batch_size,
-                "maxBatchDelay": max_batch_delay_ms,
-                "minWorkers": len(slots),
-                "maxWorkers": len(slots),
-                "packrat": packrat_cfg,
-            }
-        )
+        config = _version_config(read_config(base_dir), vdir)
         (tmp / config_name).write_text(yaml.safe_dump(config, sort_keys=False))
-        new_manifest = json.loads(json.dumps(manifest))
-        new_manifest.setdefault("model", {})
-        new_manifest["model"]["modelName"] = model
-        new_manifest["model"]["modelVersion"] = version
-        new_manifest["model"]["configFile"] = config_name
         (tmp / "MAR-INF").mkdir()
-        (tmp / MANIFEST).write_text(json.dumps(new_manifest, indent=2))
+        (tmp / MANIFEST).write_text(json.dumps(_version_manifest(manifest, vdir, config_name), indent=2))
         # Appears complete or not at all (a controller restarted mid-write finds no half dir).
         os.rename(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return VersionDir(
-        model=model,
-        version=version,
-        path=path,
-        plan_id=plan_id,
-        base=base,
-        plan=plan,
-        slots=slots,
-        batch_size=batch_size,
-        max_batch_delay_ms=max_batch_delay_ms,
+    return vdir
+
+
+def _version_config(base_config: dict[str, Any], vdir: VersionDir) -> dict[str, Any]:
+    """The base's model_config.yaml with the version's shape and its `packrat` section."""
+    config = dict(base_config)
+    # The base's own packrat keys (task, precision, ...) stay; the shape keys are ours.
+    packrat_cfg = dict(base_config.get("packrat") or {})
+    if vdir.plan.mode is not None:
+        # The plan's mode overrides the base's: one base archive serves every mode,
+        # so a swap changes the mode and the shape together.
+        packrat_cfg["precision"], packrat_cfg["runtime"] = split_mode(vdir.plan.mode)
+    packrat_cfg.update(
+        {
+            "plan_id": vdir.plan_id,
+            "base": vdir.base,
+            "slots": [{"cores": list(s.cores), "threads": s.threads} for s in vdir.slots],
+            "plan": vdir.plan.to_dict(),
+        }
     )
+    config.update(
+        {
+            "batchSize": vdir.batch_size,
+            "maxBatchDelay": vdir.max_batch_delay_ms,
+            "minWorkers": len(vdir.slots),
+            "maxWorkers": len(vdir.slots),
+            "packrat": packrat_cfg,
+        }
+    )
+    return config
+
+
+def _version_manifest(manifest: dict[str, Any], vdir: VersionDir, config_name: str) -> dict[str, Any]:
+    """The base's MANIFEST.json naming the version: TorchServe takes the version from it."""
+    new_manifest = json.loads(json.dumps(manifest))
+    new_manifest.setdefault("model", {})
+    new_manifest["model"]["modelName"] = vdir.model
+    new_manifest["model"]["modelVersion"] = vdir.version
+    new_manifest["model"]["configFile"] = config_name
+    return new_manifest
 
 
 def load_version(path: str | Path) -> VersionDir | None:

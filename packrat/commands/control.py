@@ -114,7 +114,7 @@ def run_controller(
         ticker.start()
         if tune:
             # Every Packrat model to its fastest measured (mode, shape), in the background.
-            from packrat.autotune import AutoTuner
+            from packrat.control.tuning import AutoTuner
 
             tuner = AutoTuner(controller, modes=tune_modes, budget_s=tune_budget_s, batch=tune_batch,
                               max_batch=tune_max_batch, point_budget_s=tune_point_budget_s)

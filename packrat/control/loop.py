@@ -1,0 +1,137 @@
+"""The tick: one round of the restart watch, the division of cores, and the injected
+re-plan policy over every model, each model read once (its ModelState) for the round.
+
+Swaps start on the swap thread (a tick returns at once). An exception in one part
+of a tick is logged and counted (packrat_controller_tick_errors_total), and the
+other parts and models still get their turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from packrat.apply.client import ManagementClient
+from packrat.control.division import CoreDivision
+from packrat.control.live import Observer, read_model_state
+from packrat.control.metrics import ControllerMetrics
+from packrat.control.planning import Planner
+from packrat.control.statefiles import StateFiles
+from packrat.control.swaps import Swaps
+from packrat.control.values import ModelState
+from packrat.errors import BusyError, TorchServeError
+from packrat.types import Policy, Profile, TickContext
+
+log = logging.getLogger("packrat.controller")
+
+
+class Ticker:
+    def __init__(self, client: ManagementClient, model_store: Path, policy: Policy | None, swaps: Swaps,
+                 planner: Planner, shares: CoreDivision, files: StateFiles, observer: Observer,
+                 metrics: ControllerMetrics, clock: Callable[[], float]) -> None:
+        self.client, self.model_store, self.policy, self.swaps = client, model_store, policy, swaps
+        self.planner, self.shares, self.files, self.observer = planner, shares, files, observer
+        self.metrics, self.clock = metrics, clock
+        self.unreachable = False  # TorchServe's management API did not answer the last tick
+
+    def guarded(self, where: str, fn: Callable[[], Any]) -> Any:
+        """Run one part of a tick; an exception is logged and counted, never raised."""
+        try:
+            return fn()
+        except Exception:
+            self.metrics.tick_errors.inc()
+            log.exception("controller tick failed (%s); continuing", where)
+            return None
+
+    def tick(self) -> list[str]:
+        models = self._reachable_models()
+        if models is None:
+            return []
+        started = self.guarded("watch", lambda: self.swaps.watch(models)) or []
+        if self.policy is None:
+            return started
+        policy = self.policy
+        states: dict[str, ModelState] = {}  # the tick's one reading of each model
+        for model in models:
+            st = self.guarded(model, lambda: read_model_state(self.client, self.model_store, model))
+            if st is not None:
+                states[model] = st
+        # Each model's per-mode profiles, read and checked once for the division and its tick.
+        profiles = {m: self.guarded(m, lambda: self.planner.tick_profiles(st)) or () for m, st in states.items()}
+        self.guarded("divide", lambda: self.shares.divide(
+            [self.shares.demand(policy, st, profiles[m], self.planner.profile_path(m)) for m, st in states.items()],
+            list(states)))
+        all_state = self.files.policy_state()
+        # Models that must give cores back move first: no core carries two models'
+        # versions beyond what one swap needs.
+        order = sorted(states, key=lambda m: not self.shares.misplaced(states[m]))
+        for model in order:
+            if self.guarded(model, lambda: self._tick_model(policy, all_state, states[model], profiles[model])):
+                started.append(model)
+        started += self.guarded("footprint", lambda: self._footprint(states)) or []
+        return started
+
+    def _reachable_models(self) -> list[str] | None:
+        """The models TorchServe lists; None (and the unreachable gauge up) when it does not answer."""
+        try:
+            models = [m["modelName"] for m in self.client.list_models()]
+        except TorchServeError as exc:
+            if not self.unreachable:
+                log.warning("TorchServe's management API does not answer: %s", exc)
+            self.unreachable = True
+            self.metrics.unreachable.set(1)
+            return None
+        if self.unreachable:
+            log.warning("TorchServe's management API answers again")
+            self.unreachable = False
+            self.metrics.unreachable.set(0)
+        return models
+
+    def _tick_model(self, policy: Policy, all_state: dict[str, Any], st: ModelState,
+                    profiles: tuple[Profile, ...]) -> bool:
+        """Hand the policy this model's TickContext, keep its state, start the swap it asks for."""
+        model = st.model
+        profile = self.planner.profile_path(model)
+        plan = st.plan
+        if profiles and plan is not None and plan.mode is None:
+            plan = replace(plan, mode=st.mode)  # compared across modes: name the live one
+        division = self.shares.division
+        ctx = TickContext(
+            now=self.clock(),
+            model=model,
+            version=st.version,
+            plan=plan,
+            observation=self.observer.observe(model),
+            cores=len(self.shares.share_of(model)),
+            profile_path=profile if profile.exists() else None,
+            swap_in_progress=self.swaps.running is not None,
+            profiles=profiles,
+            misplaced=self.shares.misplaced(st) and model in (division.shares if division else {}),
+        )
+        new_plan, all_state[model] = policy(ctx, all_state.get(model, {}))
+        self.files.save_policy_state(all_state)
+        if new_plan is None:
+            return False
+        try:
+            self.swaps.start(model, new_plan)
+        except BusyError:
+            return False  # the next tick decides again
+        return True
+
+    def _footprint(self, states: dict[str, ModelState]) -> list[str]:
+        """Move one model idle for idle_footprint_after_s onto the shared core (1 worker,
+        1 thread), while other models have load; returns the model moved, if any."""
+        move = self.shares.footprint(states, self.clock(), self.planner.live_mode_override)
+        if move is None:
+            return []
+        model, plan, idle_s = move
+        try:
+            self.swaps.start(model, plan)
+        except BusyError:
+            return []
+        shared = self.shares.division.shared if self.shares.division is not None else ()
+        log.info("%s: idle for %.0f s; moved to the shared core %s", model, idle_s, list(shared))
+        return [model]

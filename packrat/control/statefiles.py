@@ -1,0 +1,134 @@
+"""The state dir's files and the two locks: one controller per state dir and per TorchServe.
+
+What TorchServe does not know lives in the state dir (`.packrat/` by default):
+    swaps.jsonl        one line per swap attempt (packrat.control.history)
+    policy-state.json  the re-plan policy's state, per model
+    last-plans.json    per model, the version and plan the last successful swap made live
+    profiles/<m>/<mode>.json  one profile per execution mode (packrat.profile.library)
+    tune/<m>.json      the last tune of each model: stages, modes, refusals, choice
+    cores.json         how the usable cores are divided among the models (packrat.plan.share)
+    profiles/<m>.json  profiles made through the REST API
+    controller.lock    flock: one controller per state dir
+
+One controller per TorchServe: it also holds an flock on
+`<model store>/.packrat-controller.lock`. Every controller of a TorchServe
+must use that TorchServe's model store (versions are registered by their
+directory name in it), whatever path it is given, and two controllers on one
+store would also number and delete each other's version directories.
+TorchServe skips hidden files when it scans the store.
+
+Every JSON file is written then renamed with fsync (a crash leaves the old file
+or the new one) and read as {} when missing or unreadable (a restart starts afresh).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from packrat.errors import ConfigError
+from packrat.types import SwapRecord
+
+POLICY_STATE_FILE = "policy-state.json"
+LAST_PLANS_FILE = "last-plans.json"
+CORES_FILE = "cores.json"
+STATE_LOCK_FILE = "controller.lock"
+# In the model store: one controller per TorchServe (hidden: TorchServe's store scan skips it).
+STORE_LOCK_FILE = ".packrat-controller.lock"
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A JSON object from the state dir; {} when missing or unreadable (a restart starts afresh)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_state(path: Path, data: dict[str, Any]) -> None:
+    """Write-then-rename with fsync: a crash leaves the old file or the new one, never half."""
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=1, default=str))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def flock(path: Path, busy: str) -> int:
+    """Take an exclusive flock on `path` (never through a symlink); ConfigError(busy) if held."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        try:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        finally:
+            os.close(fd)
+        raise ConfigError(f"{busy} ({path}: {holder or 'holder unknown'})") from exc
+    return fd
+
+
+class StateFiles:
+    """The state dir: its locks, the last plans, the policy's state and the division of cores."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = Path(state_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "profiles").mkdir(exist_ok=True)
+        self._lock_fds: list[int] = []
+
+    # -- locks -------------------------------------------------------------------
+    def acquire(self, model_store: Path, holder: str) -> None:
+        """Take the state dir's lock and the model store's: one controller per TorchServe.
+
+        The model store is the TorchServe's own: every controller of it must
+        create its version directories there, so its lock is held by exactly the
+        controllers that could fight over that TorchServe (see the module docstring).
+        """
+        fds = [flock(self.dir / STATE_LOCK_FILE, f"another controller uses the state dir {self.dir}")]
+        try:
+            fds.append(flock(Path(model_store) / STORE_LOCK_FILE,
+                             "another controller manages the TorchServe of this model store"))
+        except BaseException:
+            os.close(fds[0])
+            raise
+        for fd in fds:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{holder}\n".encode())
+        self._lock_fds = fds
+
+    def release(self) -> None:
+        for fd in self._lock_fds:
+            os.close(fd)
+        self._lock_fds = []
+
+    # -- the last plan each model's last successful swap made live -----------------
+    def last_plans(self) -> dict[str, dict[str, Any]]:
+        return read_state(self.dir / LAST_PLANS_FILE)
+
+    def save_last_plans(self, plans: dict[str, dict[str, Any]]) -> None:
+        write_state(self.dir / LAST_PLANS_FILE, plans)
+
+    def remember(self, record: SwapRecord) -> None:
+        plans = self.last_plans()
+        plans[record.model] = {"version": record.to_version, "url": f"{record.model}.{record.to_version}",
+                               "plan": record.plan.to_dict()}
+        self.save_last_plans(plans)
+
+    # -- the re-plan policy's state, and the division of cores ------------------------
+    def policy_state(self) -> dict[str, Any]:
+        return read_state(self.dir / POLICY_STATE_FILE)
+
+    def save_policy_state(self, state: dict[str, Any]) -> None:
+        write_state(self.dir / POLICY_STATE_FILE, state)
+
+    def saved_division(self) -> dict[str, Any] | None:
+        return read_state(self.dir / CORES_FILE).get("division")
+
+    def save_division(self, data: dict[str, Any]) -> None:
+        write_state(self.dir / CORES_FILE, data)

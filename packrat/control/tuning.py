@@ -1,0 +1,222 @@
+"""Tuning orchestration: a tune of one model as a background job, its choice applied by
+the usual swap; and tuning on by default (AutoTuner), every Packrat model by itself.
+
+`AutoTuner.check()` runs every `interval_s` on its own thread beside the
+controller's tick and starts a tune (Controller.start_tune, queued: one
+measures at a time) for each Packrat model whose last tune
+
+  - does not exist                 (a model seen for the first time: `make run`,
+                                    or a TorchServe the user started and attached to),
+  - was made for another key       (the base archive's content hash changed: a new
+                                    archive version registered; or the machine's
+                                    fingerprint changed: CPU, cores, allocator, torch),
+  - was interrupted                (the controller stopped mid-tune).
+
+A tune that failed for the same key is not retried automatically (it would
+fail again in a loop); POST /v1/models/{m}/tune retries it. Models whose
+live version is not a Packrat archive are left alone. Every per-mode profile
+is also checked against hash and fingerprint wherever it is used
+(packrat.profile.library), so between two checks nothing plans from a stale one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from packrat import tune
+from packrat.apply.swap import Swapper
+from packrat.control.live import base_of
+from packrat.control.swaps import Swaps
+from packrat.control.values import ModelState
+from packrat.errors import BusyError, ConfigError, PackratError
+from packrat.jobs import Job, Jobs, Turns
+from packrat.plan import same_shape
+from packrat.types import Policy
+
+if TYPE_CHECKING:  # the coordinator; it imports this module
+    from packrat.control import Controller
+
+log = logging.getLogger("packrat.autotune")
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """What a tune asks for; None: tune's defaults (packrat.tune.run)."""
+
+    modes: Sequence[str] | None = None
+    budget_s: float | None = None
+    batch: int | None = None
+    fresh: bool = False
+    max_batch: int | None = None
+    point_budget_s: float | None = None
+
+
+class Tuning:
+    """The tune of each model: started as a job (tunes and profiling take turns), followed by a
+    tune.Tracker, its choice applied by a swap once no other swap runs."""
+
+    def __init__(self, state_dir: Path, model_store: Path, swapper: Swapper, cores: Sequence[int], jobs: Jobs,
+                 turns: Turns, swaps: Swaps, read_state: Callable[[str], ModelState],
+                 clock: Callable[[], float], apply_wait_s: float, policy: Policy | None) -> None:
+        self.state_dir, self.model_store, self.swapper = state_dir, model_store, swapper
+        self.cores = tuple(cores)
+        self.jobs, self.turns, self.swaps, self.read_state = jobs, turns, swaps, read_state
+        self.clock, self.apply_wait_s, self.policy = clock, apply_wait_s, policy
+        self._tunes: dict[str, tune.Tracker] = {}  # model -> the tracker of its latest tune
+
+    def key(self, st: ModelState) -> dict[str, Any] | None:
+        """What a tune of the model is valid for (base archive, its hash, this machine);
+        None when the live version is not a Packrat archive (nothing to tune)."""
+        if st.mode is None:
+            return None
+        base, base_dir = base_of(self.swapper, self.model_store, st)
+        if not (base_dir / "packrat_handler.py").is_file():
+            return None  # a model served by its own handler: no modes to try
+        return tune.tune_key(base_dir, base)
+
+    def status(self, model: str) -> dict[str, Any] | None:
+        """The running or last tune of `model` (stage, modes, choice), or None if never tuned."""
+        tracker = self._tunes.get(model)
+        return tracker.snapshot() if tracker is not None else tune.load_record(self.state_dir, model)
+
+    def observed_batch(self, model: str) -> int | None:
+        """The re-plan loop's latest ready estimate of B under load, if any."""
+        if self.policy is None:
+            return None
+        for d in reversed(self.policy.decisions(model, last=10)):
+            est = d.get("estimate") or {}
+            if est.get("ready") and not est.get("idle") and d.get("estimated_batch"):
+                return int(d["estimated_batch"])
+        return None
+
+    def start(self, st: ModelState, options: TuneOptions, trigger: str = "request") -> Job:
+        """Tune the model in the background (see Controller.start_tune)."""
+        model = st.model
+        base, base_dir = base_of(self.swapper, self.model_store, st)
+        if st.mode is None or not (base_dir / "packrat_handler.py").is_file():
+            raise ConfigError(f"{model}: its live version is not a Packrat archive (no packrat_handler.py "
+                              "or packrat.task); nothing to tune")
+        if self.jobs.unfinished("tune", model) is not None:
+            raise BusyError(f"a tune of {model} is already queued or running")
+        o = options
+        settings = tune.TuneSettings(
+            cores=len(self.cores), batch=o.batch or self.observed_batch(model) or tune.DEFAULT_BATCH,
+            modes=tune.requested_modes(o.modes), budget_s=o.budget_s or tune.DEFAULT_BUDGET_S, fresh=o.fresh,
+            max_batch=o.max_batch, point_budget_s=o.point_budget_s or tune.DEFAULT_POINT_BUDGET_S)
+        settings.validate(len(self.cores))
+        previous = tune.load_record(self.state_dir, model)
+        job_ref: dict[str, Job] = {}
+
+        def publish(snap: dict[str, Any]) -> None:
+            job = job_ref.get("job")
+            if job is not None:
+                job.progress = snap
+
+        tracker = tune.Tracker(self.state_dir, model, on_change=publish)
+        tracker.set(trigger=trigger, batch=settings.batch, budget_s=settings.budget_s)
+        self._tunes[model] = tracker
+
+        def work(job: Job) -> dict[str, Any]:
+            job_ref["job"] = job
+            key: dict[str, Any] | None = None
+            try:
+                key = tune.tune_key(base_dir, base)
+                result = tune.tune_model(base_dir, model, self.state_dir, settings, tracker, previous=previous)
+                return self._apply_tuned(model, result, tracker, key)
+            except Exception as exc:
+                tracker.set(state="failed", stage="failed", text=f"failed: {exc}"[:500], error=str(exc),
+                            finished=self.clock(), key=key)
+                raise
+
+        job = self.jobs.start("tune", model, work, per_model=True, turns=self.turns, with_job=True)
+        job.progress = tracker.snapshot()
+        return job
+
+    def _apply_tuned(self, model: str, result: tune.TuneResult, tracker: tune.Tracker,
+                     key: dict[str, Any]) -> dict[str, Any]:
+        plan = result.plan
+        base_row = result.per_mode[0] if result.per_mode else {}  # the archive's own mode comes first
+        summary = (f"{tune.describe(plan)}: predicted {plan.predicted_latency_ms:.0f} ms at B={plan.batch}"
+                   + (f" (fat {base_row['mode']}: {base_row['fat_ms']:.0f} ms)"
+                      if base_row.get("fat_ms") else ""))
+        tracker.set(stage="applying", text=f"applying {summary}", choice=plan.to_dict())
+        live = self.read_state(model)  # read now: the tune took minutes
+        live_plan = replace(live.plan, mode=live.plan.mode or live.mode) if live.plan is not None else None
+        swap: dict[str, Any]
+        if live_plan is not None and same_shape(live_plan, plan) and live_plan.mode == plan.mode:
+            swap = {"outcome": "already live", "version": live.version}
+        else:
+            # Another swap (the re-plan loop's, a REST apply) may be running: wait for its end.
+            swap = self.swaps.apply_when_free(model, plan, self.apply_wait_s).to_dict()
+        tracker.set(state="done", stage="applied", text=f"applied {summary}", swap=swap,
+                    finished=self.clock(), key=key)
+        return tracker.snapshot()
+
+
+def why_tune(record: dict[str, Any] | None, key: dict[str, Any], running: bool) -> str | None:
+    """Why a model with this last tune record needs tuning now (None: it does not). Pure."""
+    if running:
+        return None
+    if record is None:
+        return "never tuned"
+    if record.get("key") != key:
+        old = record.get("key") or {}
+        if old.get("base") != key.get("base") or old.get("model_id") != key.get("model_id"):
+            return "new archive version" if old else "never finished"
+        return "machine fingerprint changed"
+    if record.get("state") not in ("done", "failed"):
+        return "interrupted"
+    return None
+
+
+class AutoTuner:
+    def __init__(self, controller: Controller, interval_s: float = 10.0, *,
+                 modes: Sequence[str] | None = None, budget_s: float | None = None,
+                 batch: int | None = None, max_batch: int | None = None,
+                 point_budget_s: float | None = None) -> None:
+        self.controller = controller
+        self.interval_s = interval_s
+        # What every automatic tune asks for (None: Controller.start_tune's defaults).
+        self.options = TuneOptions(modes=list(modes) if modes else None, budget_s=budget_s, batch=batch,
+                                   max_batch=max_batch, point_budget_s=point_budget_s)
+        self.started: list[tuple[str, str]] = []  # (model, why), for logs and tests
+
+    def check(self) -> list[str]:
+        """Start a tune for every model that needs one; returns those models."""
+        c = self.controller
+        out = []
+        for model in c.models():
+            try:
+                st = c.model_state(model)  # one reading: the key and the tune use it
+                key = c.tuning.key(st)
+                if key is None:
+                    continue  # not a Packrat archive
+                running = c.jobs.unfinished("tune", model) is not None
+                why = why_tune(c.tune_status(model) if not running else None, key, running)
+                if why is None:
+                    continue
+                c.tuning.start(st, self.options, trigger=f"auto: {why}")
+            except BusyError:
+                continue
+            except PackratError as exc:
+                log.warning("auto-tune of %s not started: %s", model, exc)
+                continue
+            log.info("auto-tune of %s started: %s", model, why)
+            self.started.append((model, why))
+            out.append(model)
+        return out
+
+    def run(self, stop: threading.Event) -> None:
+        """Check right away, then every interval_s until `stop` is set; nothing raised ends it."""
+        while True:
+            try:
+                self.check()
+            except Exception:
+                log.exception("auto-tune check failed; continuing")
+            if stop.wait(self.interval_s):
+                return
