@@ -122,6 +122,7 @@ def assert_phases_recorded(rec, checks: list) -> None:
                                             "retire", "unregister"]
     assert [k for k, _ in rec.ready_phases_s] == ["worker_start", "model_load", "mode_build", "guard",
                                                   "warmup", "ready_check"]
+    assert all(v >= 0 for _, v in rec.phases_s + rec.ready_phases_s)
     assert sorted(w["pid"] for w in rec.workers) == sorted(c.pid for c in checks)
     assert all(w["process_start_s"] > 0 and "model_load" in w["phases_s"] for w in rec.workers)
     # Consecutive spans of one clock: they add up (each rounded to the millisecond).
@@ -171,6 +172,7 @@ def test_ten_swaps_under_load_fail_no_request(served) -> None:
     print(f"{len(samples)} requests during 10 swaps, {sum(not s.ok for s in samples)} failed, "
           f"per client {load.per_client()}")
     assert not [s for s in samples if not s.ok]
+    assert sum(load.per_client()) == len(samples)
     # Retired version dirs are gone; only the live one and the bases remain.
     assert sorted(p.name for p in store.iterdir() if p.name.startswith(ECHO)) == sorted(
         [ECHO, f"{ECHO}.{records[-1].to_version}"]
@@ -224,6 +226,7 @@ def test_real_model_swaps_both_ways_fail_no_request(served) -> None:
         samples = load.stop()
         print(f"{BERT}: {len(samples)} requests over 2 swaps, per client {load.per_client()}")
         assert not [s for s in samples if not s.ok], [s for s in samples if not s.ok][:3]
+        assert sum(load.per_client()) == len(samples)
     finally:
         load.stop()
         for d in client.describe_all(BERT):  # its workers would only take memory from the rest
@@ -320,9 +323,8 @@ def test_heterogeneous_threads_in_one_version(served) -> None:
 
 
 def test_a_swap_records_phases_reach_the_controller_metrics() -> None:
-    """packrat_swap_phase_seconds{model, phase} gets every phase, "ready" as its six parts
-    (the names a dashboard uses). packrat_swaps_total, counted where a controller applies
-    a swap: test_controller_api.py."""
+    """packrat_swap_phase_seconds{model, phase} gets every phase, "ready" as its six parts;
+    packrat_swaps_total{model, outcome} counts the swap (the names a dashboard uses)."""
     from types import SimpleNamespace
 
     from prometheus_client import CollectorRegistry, generate_latest
@@ -338,8 +340,10 @@ def test_a_swap_records_phases_reach_the_controller_metrics() -> None:
               ("retire", 0.05), ("unregister", 0.02))
     rec = SwapRecord("m", "p1", "p2", THIN, 0.0, outcome="applied", phases_s=phases, ready_phases_s=ready)
     holder.metrics.observe_phases(rec)
+    holder.metrics.swaps.labels("m", "applied").inc()
     text = generate_latest(registry).decode()
     for name, seconds in [p for p in phases if p[0] != "ready"] + list(ready):
         assert f'packrat_swap_phase_seconds_count{{model="m",phase="{name}"}} 1.0' in text, name
         assert f'packrat_swap_phase_seconds_sum{{model="m",phase="{name}"}} {float(seconds)}' in text, name
     assert 'phase="ready"' not in text
+    assert 'packrat_swaps_total{model="m",outcome="applied"} 1.0' in text
