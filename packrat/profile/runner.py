@@ -51,10 +51,11 @@ from packrat.forkserver import client as forkserver_client
 from packrat.profile.fingerprint import current_fingerprint
 from packrat.profile.identity import ArchiveRef
 from packrat.profile.store import SCOPES, utc_now
+from packrat.settings import SETTINGS
 from packrat.types import Profile, ProfilePoint
 
-DEFAULT_MAX_BATCH = 32
-DEFAULT_POINT_BUDGET_S = 10.0
+DEFAULT_MAX_BATCH: int = SETTINGS["profile_max_batch"].default
+DEFAULT_POINT_BUDGET_S: float = SETTINGS["profile_point_budget_s"].default
 # The descriptor a forked worker writes its events to (a started one gets the pipe's own number).
 _RESULT_FD = 3
 
@@ -218,128 +219,151 @@ def run_profile(
     "omitted", "threads": t, ...}): "ready" means the mode loaded and passed its accuracy guard."""
     cores = list(usable_cores().cores)  # affinity ∩ cgroup cpuset, quota cap, $PACKRAT_CORES
     settings.validate(len(cores))
-    fingerprint = current_fingerprint(archive.config)
-    batches = list(settings.batches) if settings.batches else batch_sizes(settings.max_batch)
-    rule = {
-        "rel_ci": settings.rel_ci,
-        "confidence": settings.confidence,
-        "min_count": settings.min_count,
-        "point_budget_s": settings.point_budget_s,
-    }
     log = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"packrat-profile-{os.getpid()}.log"
-    started_wall = time.monotonic()
-    created = utc_now()
-    points: list[ProfilePoint] = []
-    omitted: list[dict[str, Any]] = []
-    workers: list[dict[str, Any]] = []
-    pending = {(t, b) for t in range(1, settings.cores + 1) for b in batches}
-    shapes = corun_shapes(settings.cores) if settings.corun else []
-    corun: list[ProfilePoint] = []
-    corun_pending = {(i, t, b) for i, t in shapes for b in batches}
-    # The isolated phase ends here when co-run shapes follow (None: no limit).
-    iso_budget_s = (settings.budget_s * (1 - settings.corun_share) if shapes else settings.budget_s) \
-        if settings.budget_s is not None else None
-
-    def snapshot(complete: bool) -> Profile:
-        left = [] if complete else [
-            {"threads": t, "batch": b, "reason": "not measured yet"} for t, b in sorted(pending)
-        ] + [{"instances": i, "threads": t, "batch": b, "reason": "not measured yet"}
-             for i, t, b in sorted(corun_pending)]
-        return Profile(
-            model_id=archive.model_id,
-            points=tuple(sorted(points, key=lambda p: (p.threads, p.batch))),
-            fingerprint=fingerprint,
-            scope=settings.scope,
-            corun=tuple(sorted(corun, key=lambda p: (p.instances, p.threads, p.batch))),
-            extra={
-                "model_name": archive.model_name,
-                "created": created,
-                "complete": complete,
-                "settings": {**asdict(settings), "batches": batches, "core_ids": cores[: settings.cores]},
-                "duration_s": round(time.monotonic() - started_wall, 1),
-                "workers": list(workers),
-                "omitted": sorted(omitted + left, key=lambda o: (o["threads"], o["batch"])),
-            },
-        )
-
-    bar = _Progress(len(pending) + len(corun_pending), progress,
+    run = _Run(archive, settings, cores, log, on_update, on_event)
+    bar = _Progress(len(run.pending) + len(run.corun_pending), progress,
                     desc=f"profile {archive.model_name} ({settings.scope})")
     try:
         for t in range(1, settings.cores + 1):
-            budget = None
-            if iso_budget_s is not None:
-                remaining = iso_budget_s - (time.monotonic() - started_wall)
-                budget = budget_share(max(0.0, remaining), t, settings.cores)
-
-            def on_worker_event(event: dict[str, Any], t: int = t) -> None:
-                if on_event is not None:
-                    on_event({**event, "threads": t})
-                kind = event["event"]
-                if kind == "ready":
-                    workers.append({"threads": t, **{k: v for k, v in event.items() if k != "event"}})
-                elif kind == "start":
-                    left = ""
-                    if settings.budget_s is not None:
-                        left = f", {max(0.0, settings.budget_s - (time.monotonic() - started_wall)):.0f}s left"
-                    bar.at(f"t={t} b={event['batch']}{left}")
-                elif kind in ("point", "omitted"):
-                    pending.discard((event["threads"], event["batch"]))
-                    if kind == "point":
-                        fields = {k: v for k, v in event.items() if k != "event"}
-                        points.append(ProfilePoint(**fields))
-                    else:
-                        omitted.append({k: event[k] for k in ("threads", "batch", "reason")})
-                    bar.step()
-                    if on_update is not None:
-                        on_update(snapshot(complete=False))
-
-            if budget is not None and budget <= 0:
-                for b in batches:
-                    on_worker_event({"event": "omitted", "threads": t, "batch": b,
-                                     "reason": "total budget exhausted"})
-                continue
-            job = {
-                "archive_dir": str(archive.directory),
-                "config": archive.config,
-                "threads": t,
-                "cores": cores[:t],
-                "batches": worker_batches(batches, settings.plan_batch, t, settings.cores),
-                "scope": settings.scope,
-                "rule": rule,
-                "budget_s": budget,
-            }
-            _run_worker(job, on_worker_event, log)
-
-        for k, (i, t) in enumerate(shapes):
-            budget = None
-            if settings.budget_s is not None:
-                remaining = settings.budget_s - (time.monotonic() - started_wall)
-                # Shared like the isolated phase: in proportion to 1/t over the shapes left.
-                weights = [1.0 / tt for _, tt in shapes[k:]]
-                budget = max(0.0, remaining) * weights[0] / sum(weights)
-            base_job = {"archive_dir": str(archive.directory), "config": archive.config, "threads": t,
-                        "batches": worker_batches(batches, settings.plan_batch, t, settings.cores),
-                        "scope": settings.scope, "rule": rule}
-
-            def on_corun(b: int, point: ProfilePoint | None, reason: str | None, i: int = i, t: int = t) -> None:
-                corun_pending.discard((i, t, b))
-                if point is not None:
-                    corun.append(point)
-                else:
-                    omitted.append({"instances": i, "threads": t, "batch": b, "reason": reason})
-                bar.step()
-                if on_update is not None:
-                    on_update(snapshot(complete=False))
-
-            bar.at(f"co-run {i} x {t} thread(s)")
-            if budget is not None and budget <= 0:
-                for b in batches:
-                    on_corun(b, None, "total budget exhausted")
-                continue
-            _run_corun(i, t, cores, base_job, budget, on_corun, log)
+            run.isolated(t, bar)
+        for k in range(len(run.shapes)):
+            run.corun_shape(k, bar)
     finally:
         bar.close()
-    return snapshot(complete=True)
+    return run.snapshot(complete=True)
+
+
+class _Run:
+    """One profiling run: what has been measured, what is left, and the budget's clock."""
+
+    def __init__(self, archive: ArchiveRef, settings: ProfileSettings, cores: list[int], log: Path,
+                 on_update: Callable[[Profile], None] | None,
+                 on_event: Callable[[dict[str, Any]], None] | None) -> None:
+        self.archive, self.settings, self.cores, self.log = archive, settings, cores, log
+        self.on_update, self.on_event = on_update, on_event
+        self.fingerprint = current_fingerprint(archive.config)
+        self.batches = list(settings.batches) if settings.batches else batch_sizes(settings.max_batch)
+        self.rule = {
+            "rel_ci": settings.rel_ci,
+            "confidence": settings.confidence,
+            "min_count": settings.min_count,
+            "point_budget_s": settings.point_budget_s,
+        }
+        self.started_wall = time.monotonic()
+        self.created = utc_now()
+        self.points: list[ProfilePoint] = []
+        self.omitted: list[dict[str, Any]] = []
+        self.workers: list[dict[str, Any]] = []
+        self.pending = {(t, b) for t in range(1, settings.cores + 1) for b in self.batches}
+        self.shapes = corun_shapes(settings.cores) if settings.corun else []
+        self.corun: list[ProfilePoint] = []
+        self.corun_pending = {(i, t, b) for i, t in self.shapes for b in self.batches}
+        # The isolated phase ends here when co-run shapes follow (None: no limit).
+        self.iso_budget_s = (settings.budget_s * (1 - settings.corun_share) if self.shapes else settings.budget_s) \
+            if settings.budget_s is not None else None
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_wall
+
+    def snapshot(self, complete: bool) -> Profile:
+        left = [] if complete else [
+            {"threads": t, "batch": b, "reason": "not measured yet"} for t, b in sorted(self.pending)
+        ] + [{"instances": i, "threads": t, "batch": b, "reason": "not measured yet"}
+             for i, t, b in sorted(self.corun_pending)]
+        settings = self.settings
+        return Profile(
+            model_id=self.archive.model_id,
+            points=tuple(sorted(self.points, key=lambda p: (p.threads, p.batch))),
+            fingerprint=self.fingerprint,
+            scope=settings.scope,
+            corun=tuple(sorted(self.corun, key=lambda p: (p.instances, p.threads, p.batch))),
+            extra={
+                "model_name": self.archive.model_name,
+                "created": self.created,
+                "complete": complete,
+                "settings": {**asdict(settings), "batches": self.batches, "core_ids": self.cores[: settings.cores]},
+                "duration_s": round(self.elapsed(), 1),
+                "workers": list(self.workers),
+                "omitted": sorted(self.omitted + left, key=lambda o: (o["threads"], o["batch"])),
+            },
+        )
+
+    def _landed(self, bar: _Progress) -> None:
+        bar.step()
+        if self.on_update is not None:
+            self.on_update(self.snapshot(complete=False))
+
+    def isolated(self, t: int, bar: _Progress) -> None:
+        """The t-thread worker alone, within its share of the isolated phase's budget."""
+        budget = None
+        if self.iso_budget_s is not None:
+            budget = budget_share(max(0.0, self.iso_budget_s - self.elapsed()), t, self.settings.cores)
+
+        def on_worker_event(event: dict[str, Any]) -> None:
+            self._worker_event(t, event, bar)
+
+        if budget is not None and budget <= 0:
+            for b in self.batches:
+                on_worker_event({"event": "omitted", "threads": t, "batch": b, "reason": "total budget exhausted"})
+            return
+        job = {
+            "archive_dir": str(self.archive.directory),
+            "config": self.archive.config,
+            "threads": t,
+            "cores": self.cores[:t],
+            "batches": worker_batches(self.batches, self.settings.plan_batch, t, self.settings.cores),
+            "scope": self.settings.scope,
+            "rule": self.rule,
+            "budget_s": budget,
+        }
+        _run_worker(job, on_worker_event, self.log)
+
+    def _worker_event(self, t: int, event: dict[str, Any], bar: _Progress) -> None:
+        if self.on_event is not None:
+            self.on_event({**event, "threads": t})
+        kind = event["event"]
+        if kind == "ready":
+            self.workers.append({"threads": t, **{k: v for k, v in event.items() if k != "event"}})
+        elif kind == "start":
+            left = ""
+            if self.settings.budget_s is not None:
+                left = f", {max(0.0, self.settings.budget_s - self.elapsed()):.0f}s left"
+            bar.at(f"t={t} b={event['batch']}{left}")
+        elif kind in ("point", "omitted"):
+            self.pending.discard((event["threads"], event["batch"]))
+            if kind == "point":
+                self.points.append(ProfilePoint(**{k: v for k, v in event.items() if k != "event"}))
+            else:
+                self.omitted.append({k: event[k] for k in ("threads", "batch", "reason")})
+            self._landed(bar)
+
+    def corun_shape(self, k: int, bar: _Progress) -> None:
+        """Co-run shape k (i instances of t threads), within its share of what is left."""
+        i, t = self.shapes[k]
+        budget = None
+        if self.settings.budget_s is not None:
+            remaining = self.settings.budget_s - self.elapsed()
+            # Shared like the isolated phase: in proportion to 1/t over the shapes left.
+            weights = [1.0 / tt for _, tt in self.shapes[k:]]
+            budget = max(0.0, remaining) * weights[0] / sum(weights)
+        base_job = {"archive_dir": str(self.archive.directory), "config": self.archive.config, "threads": t,
+                    "batches": worker_batches(self.batches, self.settings.plan_batch, t, self.settings.cores),
+                    "scope": self.settings.scope, "rule": self.rule}
+
+        def on_corun(b: int, point: ProfilePoint | None, reason: str | None) -> None:
+            self.corun_pending.discard((i, t, b))
+            if point is not None:
+                self.corun.append(point)
+            else:
+                self.omitted.append({"instances": i, "threads": t, "batch": b, "reason": reason})
+            self._landed(bar)
+
+        bar.at(f"co-run {i} x {t} thread(s)")
+        if budget is not None and budget <= 0:
+            for b in self.batches:
+                on_corun(b, None, "total budget exhausted")
+            return
+        _run_corun(i, t, self.cores, base_job, budget, on_corun, self.log)
 
 
 def corun_shapes(cores: int) -> list[tuple[int, int]]:

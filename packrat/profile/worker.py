@@ -58,39 +58,17 @@ class _Reporter:
 def run_job(job: dict[str, Any], report: _Reporter) -> None:
     started = time.perf_counter()
     threads = int(job["threads"])
-    slots.pin_threads(job["cores"], threads)  # affinity + pool variables first
+    torch_version = _pin(job["cores"], threads)
 
-    import torch  # noqa: E402 - deliberately after pinning
-
-    slots.set_torch_threads(threads)
-
-    from packrat.profile.stats import StopRule, measure  # numpy/scipy: after pinning too
+    from packrat.profile.stats import StopRule  # numpy/scipy: after pinning too
 
     rule = StopRule(**job["rule"])
     issued = float(job.get("issued_monotonic", time.monotonic()))  # when the runner asked for us
     deadline = None
     if job.get("budget_s") is not None:  # counted from then: a fork or a start-up is spent budget
         deadline = started + float(job["budget_s"]) - max(0.0, time.monotonic() - issued)
+    task = _load_task(job, report, issued, torch_version)
 
-    archive_dir = job["archive_dir"]
-    sys.path.insert(0, archive_dir)
-    import packrat_handler  # the archive's own handler module
-
-    t_load = time.perf_counter()
-    task = packrat_handler.load_task(archive_dir, profile_config(job["config"]))
-    report(
-        "ready",
-        pid=os.getpid(),
-        **slots.observed_settings(),
-        torch_version=torch.__version__,
-        forked=forkserver.FORKED,  # by the runner's fork server, or a new interpreter
-        ready_s=round(time.monotonic() - issued, 3),  # asked for -> loaded: start-up + load
-        load_s=round(time.perf_counter() - t_load, 3),
-        # Execution mode: build (compile + warm-up) time, memory, accuracy-guard numbers.
-        mode=getattr(getattr(task, "runner", None), "summary", lambda: None)(),
-    )
-
-    scope = job["scope"]
     last: tuple[int, float] | None = None  # (batch, mean_ms) of the previous point
     for batch in job["batches"]:
         now = time.perf_counter()
@@ -103,51 +81,91 @@ def run_job(job: dict[str, Any], report: _Reporter) -> None:
                        reason=f"total budget exhausted (needs ~{need_s:.1f} s, {max(0.0, deadline - now):.1f} s left)")
                 continue
         report("start", batch=batch)
-        requests = task.sample_requests(batch)
-        if scope == "model":
-            inputs = task.preprocess(requests)
-
-            def call() -> object:
-                return task.forward(inputs)
-        else:
-            responses = task.run(requests)
-            if len(responses) != batch:
-                raise RuntimeError(f"handler returned {len(responses)} responses for a batch of {batch}")
-
-            def call() -> object:
-                return task.run(requests)
-
-        # CPU time this process got per wall second per thread: well below 1 means the
-        # instance was starved by other load (spin-waiting OpenMP threads count as busy,
-        # so it is an upper bound). Load average says the same from the outside.
-        load_before = os.getloadavg()[0]
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        stats = measure(call, rule, deadline=deadline)
-        cpu_share = (time.process_time() - cpu0) / max(1e-9, (time.perf_counter() - wall0) * threads)
-        if stats is None:
+        point = _time_batch(task, batch, job["scope"], rule, deadline, threads)
+        if point is None:
             report("omitted", threads=threads, batch=batch, reason="total budget exhausted during warm-up")
             continue
-        last = (batch, stats.mean_ms)
-        report(
-            "point",
-            threads=threads,
-            batch=batch,
-            mean_ms=stats.mean_ms,
-            p50_ms=stats.p50_ms,
-            p99_ms=stats.p99_ms,
-            std_ms=stats.std_ms,
-            count=stats.count,
-            meta={
-                **slots.observed_settings(),
-                "converged": stats.converged,
-                "ci_half_width_ms": stats.ci_half_width_ms,
-                "warmup_calls": stats.warmup_calls,
-                "elapsed_s": round(stats.elapsed_s, 3),
-                "pid": os.getpid(),
-                "cpu_share": round(cpu_share, 3),
-                "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-            },
-        )
+        last = (batch, point["mean_ms"])
+        report("point", threads=threads, batch=batch, **point)
+
+
+def _pin(cores: list[int], threads: int) -> str:
+    """Pin this process the served worker's way, torch imported in between; torch's version."""
+    slots.pin_threads(cores, threads)  # affinity + pool variables first
+
+    import torch  # noqa: E402 - deliberately after pinning
+
+    slots.set_torch_threads(threads)
+    return torch.__version__
+
+
+def _load_task(job: dict[str, Any], report: _Reporter, issued: float, torch_version: str) -> Any:
+    """Load the model through the archive's own handler; report "ready"."""
+    archive_dir = job["archive_dir"]
+    sys.path.insert(0, archive_dir)
+    import packrat_handler  # the archive's own handler module
+
+    t_load = time.perf_counter()
+    task = packrat_handler.load_task(archive_dir, profile_config(job["config"]))
+    report(
+        "ready",
+        pid=os.getpid(),
+        **slots.observed_settings(),
+        torch_version=torch_version,
+        forked=forkserver.FORKED,  # by the runner's fork server, or a new interpreter
+        ready_s=round(time.monotonic() - issued, 3),  # asked for -> loaded: start-up + load
+        load_s=round(time.perf_counter() - t_load, 3),
+        # Execution mode: build (compile + warm-up) time, memory, accuracy-guard numbers.
+        mode=getattr(getattr(task, "runner", None), "summary", lambda: None)(),
+    )
+    return task
+
+
+def _time_batch(task: Any, batch: int, scope: str, rule: Any, deadline: float | None,
+                threads: int) -> dict[str, Any] | None:
+    """One point's statistics and meta ("point" event fields), None if the budget ran out in warm-up."""
+    from packrat.profile.stats import measure
+
+    requests = task.sample_requests(batch)
+    if scope == "model":
+        inputs = task.preprocess(requests)
+
+        def call() -> object:
+            return task.forward(inputs)
+    else:
+        responses = task.run(requests)
+        if len(responses) != batch:
+            raise RuntimeError(f"handler returned {len(responses)} responses for a batch of {batch}")
+
+        def call() -> object:
+            return task.run(requests)
+
+    # CPU time this process got per wall second per thread: well below 1 means the
+    # instance was starved by other load (spin-waiting OpenMP threads count as busy,
+    # so it is an upper bound). Load average says the same from the outside.
+    load_before = os.getloadavg()[0]
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    stats = measure(call, rule, deadline=deadline)
+    cpu_share = (time.process_time() - cpu0) / max(1e-9, (time.perf_counter() - wall0) * threads)
+    if stats is None:
+        return None
+    return {
+        "mean_ms": stats.mean_ms,
+        "p50_ms": stats.p50_ms,
+        "p99_ms": stats.p99_ms,
+        "std_ms": stats.std_ms,
+        "count": stats.count,
+        "meta": {
+            **slots.observed_settings(),
+            "converged": stats.converged,
+            "ci_half_width_ms": stats.ci_half_width_ms,
+            "warmup_calls": stats.warmup_calls,
+            "elapsed_s": round(stats.elapsed_s, 3),
+            "pid": os.getpid(),
+            "cpu_share": round(cpu_share, 3),
+            "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        },
+    }
 
 
 def main(argv: list[str]) -> int:
