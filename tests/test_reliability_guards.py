@@ -13,7 +13,6 @@ import os
 import socket
 import stat
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import requests
 from packrat import slots
 from packrat.errors import ConfigError
 from packrat.server import free_ports
+from waiting import wait_until
 
 TOKEN = "mgmt-key-0123456789"
 
@@ -55,13 +55,14 @@ def api(tmp_path_factory: pytest.TempPathFactory):
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         try:
-            requests.get(f"{url}/metrics", timeout=1)
-            break
-        except requests.ConnectionError:
-            time.sleep(0.05)
+            return requests.get(f"{url}/metrics", timeout=10).status_code == 200
+        except (requests.ConnectionError, requests.Timeout):
+            return False
+
+    wait_until(answers, 120, "the API server in this process to answer")
     try:
         yield url, port, ctl
     finally:
