@@ -1,0 +1,196 @@
+"""The accuracy guard at its shipped default thresholds, on a model with real weights.
+
+The tiny seeded archives cannot show the defaults refusing anything: they answer
+every input with one class at a near-tie, so no row is decisive and top-1
+agreement holds by construction. Here the model is real (all-MiniLM-L6-v2's
+encoder with a 4-topic head, tests/classifier_support.py), loaded the way a
+TorchServe worker loads it (the archive's own `packrat_handler.load_task`:
+reference, mode build, guard), with `packrat.guard` unset:
+
+  - weights perturbed until top-1 agreement with fp32 on 200 held-out sentences
+    is ~90 % (measured here and asserted) are refused; a mild perturbation of the
+    same kind (agreement 100 %) is accepted, so the refusal is about the damage;
+  - the real bf16 modes are accepted, with decisive rows, so the top-1 check bit;
+  - the real int8 modes are refused today (see INT8_FINDING).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+import packrat_handler  # the handler every archive ships (handlers/: on the path, pyproject's pythonpath)
+from classifier_support import LABELS, build_topic_archive, topic_texts
+from packrat.modes import bf16_problem, cpu_flags, int8_static_problem
+from packrat_tasks import guard
+from packrat_tasks.runtime import RUNTIMES, runtime
+
+ARCHIVE = "topic"
+DEGRADED = "test-perturbed"  # a test-only runtime: fp32 eager on a perturbed copy of the weights
+# Relative noise (x each weight tensor's std) tried, mildest first; measured on the 2-core
+# EPYC: 0.25 -> 98 %, 0.3 -> 92.5 %, 0.32 -> 89.5 %, 0.4 -> 66 % top-1 agreement on the held-out set.
+SIGMAS = (0.28, 0.3, 0.32, 0.35, 0.4)
+TARGET, TOLERANCE = 0.90, 0.05  # "top-1 agreement ~90 %"
+MILD_SIGMA = 0.02  # the same perturbation, harmless: every answer kept
+# Anything passes: only to read what the degraded mode answers (the verdict is keyed
+# by config, so this never lends its pass to a default-threshold load).
+PERMISSIVE = {"min_top1_agreement": 0.0, "max_prob_diff": 1.0, "min_cosine": -1.0}
+# Measured 2026-12-04 on the 2-core EPYC (VNNI, avx512_bf16): on this real classifier the
+# guard's 8 texts keep their top-1 class (8/8) in every int8 mode, but max prob diff is
+# 0.15-0.24 (> 0.05) and logit cosine 0.966-0.989 (< 0.99); the real MiniLM embedder's
+# int8 modes reach min cosine 0.92-0.95 (< 0.99). The seeded demo archives pass only
+# because their outputs are near-uniform. Whether the defaults or int8 are to change is
+# an open question; until then the claim "the defaults accept int8" does not hold.
+INT8_FINDING = ("defaults refuse int8 on real weights: max prob diff 0.15-0.24 > 0.05 with top-1 8/8 "
+                "(measured 2026-12-04); see the module docstring")
+
+
+def _bf16_here() -> str | None:
+    return bf16_problem(cpu_flags(), bool(torch.backends.mkldnn.is_available()
+                                          and torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+
+
+def _missing(*modules: str) -> str | None:
+    gone = [m for m in modules if importlib.util.find_spec(m) is None]
+    return f"{', '.join(gone)} not installed (pip install -e '.[runtimes]')" if gone else None
+
+
+# mode -> why it cannot run here (None: it can)
+BF16_MODES = {
+    "bf16-eager": _bf16_here(),
+    "bf16-torchscript": _bf16_here(),
+    "bf16-openvino": _bf16_here() or _missing("openvino", "onnx"),
+}
+INT8_MODES = {
+    "int8-eager": None,
+    "int8-onnxruntime": _missing("onnxruntime", "onnx"),
+    "int8s-openvino": _missing("openvino", "onnx", "nncf") or int8_static_problem(cpu_flags()),
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    store = tmp_path_factory.mktemp("guard-defaults-store")
+    build_topic_archive(store, ARCHIVE, tmp_path_factory.mktemp("guard-defaults-scratch"))
+    return store
+
+
+@pytest.fixture(scope="module", autouse=True)
+def degraded_runtime():
+    """Register DEGRADED in this process for the module: it reads its noise level from
+    the archive config's `packrat.test_noise_sigma` (so the build cache keys each level apart)."""
+
+    @runtime(DEGRADED)
+    def _perturbed(module, example_inputs, config, precision, runner):
+        sigma = float(config["packrat"]["test_noise_sigma"])
+        noisy = copy.deepcopy(module)
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in noisy.parameters():
+                if p.numel() > 1:  # LayerNorm's all-ones weights have no spread to scale by
+                    p.add_(torch.randn(p.shape, generator=gen) * sigma * p.std())
+
+        def run(*tensors: torch.Tensor) -> torch.Tensor:
+            with torch.inference_mode():
+                return noisy(*tensors)
+
+        return run
+
+    yield
+    RUNTIMES.pop(DEGRADED)
+
+
+def _config(store: Path, **packrat: Any) -> dict[str, Any]:
+    config = yaml.safe_load((store / ARCHIVE / "model_config.yaml").read_text())
+    config["packrat"].update(packrat)
+    return config
+
+
+def _load(store: Path, **packrat: Any):
+    """The archive's own handler loading the model as a TorchServe worker does."""
+    return packrat_handler.load_task(str(store / ARCHIVE), _config(store, **packrat))
+
+
+def _answers(task) -> torch.Tensor:
+    texts, _ = topic_texts(200, seed=7)  # held out: the head was fitted on seed 1
+    batch = task.preprocess([{"body": t.encode()} for t in texts])
+    assert batch.valid == list(range(len(texts))), batch.errors
+    return task.forward(batch).outputs.float().argmax(-1)
+
+
+@pytest.fixture(scope="module")
+def reference(store: Path) -> torch.Tensor:
+    task = _load(store)
+    answers = _answers(task)
+    _, labels = topic_texts(200, seed=7)
+    # The classifier is one: right on the held-out sentences, every topic answered.
+    assert (answers == torch.tensor(labels)).float().mean() >= 0.95
+    assert set(answers.tolist()) == set(range(len(LABELS)))
+    return answers
+
+
+def _agreement(store: Path, reference: torch.Tensor, sigma: float) -> float:
+    task = _load(store, runtime=DEGRADED, test_noise_sigma=sigma, guard=PERMISSIVE)
+    return float((_answers(task) == reference).float().mean())
+
+
+def test_defaults_refuse_weights_degraded_to_90_percent_top1(store: Path, reference: torch.Tensor) -> None:
+    agreements: dict[float, float] = {}
+    for sigma in SIGMAS:  # mildest first; stop once at or below the target
+        agreements[sigma] = _agreement(store, reference, sigma)
+        if agreements[sigma] <= TARGET:
+            break
+    sigma = min(agreements, key=lambda s: abs(agreements[s] - TARGET))
+    assert abs(agreements[sigma] - TARGET) <= TOLERANCE, f"no noise level gave ~90 % agreement: {agreements}"
+    with pytest.raises(guard.AccuracyGuardError) as info:
+        _load(store, runtime=DEGRADED, test_noise_sigma=sigma)
+    report = info.value.report
+    print(f"sigma {sigma}: held-out top-1 agreement {agreements[sigma]:.3f}; {report.message}")
+    assert report.thresholds == guard.DEFAULTS and report.mode == f"fp32-{DEGRADED}"
+    assert not report.ok and report.kind == "classification"
+    # The refusal's own numbers break at least one default, and the message names it.
+    m = report.metrics
+    broken = [m["top1_agreement_decisive"] < guard.DEFAULTS["min_top1_agreement"],
+              m["max_prob_diff"] > guard.DEFAULTS["max_prob_diff"],
+              m["logit_cosine"] < guard.DEFAULTS["min_cosine"]]
+    assert any(broken) and "FAIL" in report.message, report.message
+
+
+def test_defaults_accept_the_same_perturbation_when_it_is_harmless(store: Path, reference: torch.Tensor) -> None:
+    assert _agreement(store, reference, MILD_SIGMA) == 1.0
+    task = _load(store, runtime=DEGRADED, test_noise_sigma=MILD_SIGMA)
+    g = task.runner.guard
+    assert g["ok"] and g["thresholds"] == guard.DEFAULTS, g["message"]
+    assert g["metrics"]["decisive_rows"] >= 6, g["message"]  # the top-1 check had rows to judge
+
+
+@pytest.mark.parametrize("mode", list(BF16_MODES))
+def test_defaults_accept_the_real_bf16_modes(store: Path, mode: str) -> None:
+    if BF16_MODES[mode]:
+        pytest.skip(BF16_MODES[mode])
+    precision, runtime_ = mode.split("-", 1)
+    g = _load(store, precision=precision, runtime=runtime_).runner.guard
+    assert g["ok"] and g["thresholds"] == guard.DEFAULTS, g["message"]
+    assert g["metrics"]["decisive_rows"] >= 6 and g["metrics"]["top1_agreement_decisive"] == 1.0, g["message"]
+
+
+@pytest.mark.parametrize("mode", list(INT8_MODES))
+@pytest.mark.xfail(strict=True, raises=guard.AccuracyGuardError, reason=INT8_FINDING)
+def test_defaults_accept_the_real_int8_modes(store: Path, mode: str) -> None:
+    if INT8_MODES[mode]:
+        pytest.skip(INT8_MODES[mode])
+    precision, runtime_ = mode.split("-", 1)
+    try:
+        g = _load(store, precision=precision, runtime=runtime_).runner.guard
+    except guard.AccuracyGuardError as exc:
+        # What the finding says: the class is kept, the probabilities are not.
+        assert exc.report.metrics["top1_agreement_decisive"] == 1.0, exc.report.message
+        print(exc.report.message)
+        raise
+    assert g["ok"] and g["metrics"]["decisive_rows"] >= 6, g["message"]
