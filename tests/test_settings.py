@@ -149,3 +149,18 @@ def test_the_pod_script_defaults_are_the_tables() -> None:
     by_env = {s.env: s for s in settings.SETTINGS.values() if s.env}
     pod = {env: default for env, default in defaults.items() if by_env[env].scope == "pod"}
     assert pod and {env: by_env[env].default_text() for env in pod} == pod
+
+
+def test_the_defaults_kept_elsewhere_agree_with_the_table() -> None:
+    # Until each of these reads the table itself, a changed default must change both places.
+    from packrat.observe.policy import PolicySettings
+    from packrat.profile import library, runner
+    from packrat.tune import run as tune_run
+
+    assert PolicySettings().min_dwell_s == value("min_dwell_s")
+    assert (tune_run.DEFAULT_BUDGET_S, tune_run.DEFAULT_POINT_BUDGET_S, tune_run.DEFAULT_BATCH,
+            tune_run.DEFAULT_MAX_BATCH) == (value("tune_budget_s"), value("tune_point_budget_s"),
+                                            value("tune_batch"), value("tune_max_batch"))
+    assert (runner.DEFAULT_MAX_BATCH, runner.DEFAULT_POINT_BUDGET_S) == (
+        value("profile_max_batch"), value("profile_point_budget_s"))
+    assert library.DEFAULT_STATE_DIR == settings.get("state_dir").default
