@@ -43,7 +43,7 @@ from packrat.bench.machine import describe_machine
 from packrat.cores import usable_cores
 from packrat.plan import every_uniform_plan, optimal_plan
 from packrat.profile import ArchiveRef, ProfileSettings, open_archive, run_profile, save_profile
-from packrat.profile.runner import _run_worker as run_worker  # one profiling worker, events as they land
+from packrat.profile.runner import run_worker
 from packrat.types import Plan, Profile
 
 # Thin over fat at 16 cores, the Packrat paper's Table 2 (ICML 2025).

@@ -150,7 +150,7 @@ class _Progress:
             self._bar.close()
 
 
-def _run_worker(
+def run_worker(
     job: dict[str, Any],
     on_event: Callable[[dict[str, Any]], None],
     log_path: Path,
@@ -316,7 +316,7 @@ class _Run:
             "rule": self.rule,
             "budget_s": budget,
         }
-        _run_worker(job, on_worker_event, self.log)
+        run_worker(job, on_worker_event, self.log)
 
     def _worker_event(self, t: int, event: dict[str, Any], bar: _Progress) -> None:
         if self.on_event is not None:
@@ -399,7 +399,7 @@ def _run_corun(
 
     def run(k: int) -> None:
         try:
-            _run_worker({**base_job, "cores": blocks[k], "budget_s": budget_s}, events(k), log_path)
+            run_worker({**base_job, "cores": blocks[k], "budget_s": budget_s}, events(k), log_path)
         except BaseException as exc:  # noqa: BLE001 - reported below, after every instance stopped
             with lock:
                 errors.append(exc)
