@@ -43,14 +43,14 @@ from pathlib import Path
 from typing import Any
 
 from packrat.errors import ConfigError, PlanError, ProfileError
-from packrat.plan import MODE_MARGIN, fastest, plans_per_mode, realizable_plan, uniform_candidates
+from packrat.modes import PRECISIONS, RUNTIMES, ExecutionMode
+from packrat.plan import MODE_MARGIN, ModePlan, fastest, plans_per_mode, realizable_plan, uniform_candidates
 from packrat.plan.confidence import is_fat
-from packrat.profile import ProfileSettings, open_archive, run_profile, save_profile
+from packrat.profile import ArchiveRef, ProfileSettings, open_archive, run_profile, save_profile
 from packrat.profile.fingerprint import config_in_mode, current_fingerprint
 from packrat.profile.identity import archive_in_mode
 from packrat.profile.library import HASHES, check_mode_profile, profile_file
 from packrat.profile.probe import probe_archive
-from packrat.modes import PRECISIONS, RUNTIMES, ExecutionMode
 from packrat.tune.modes import ALL, candidate_modes
 from packrat.types import Plan, Profile
 
@@ -246,6 +246,25 @@ def _is_refusal(message: str) -> bool:
     return any(k in message for k in ("AccuracyGuardError", "PrecisionError", "REFUSED"))
 
 
+@dataclass(frozen=True)
+class _Run:
+    """One tune's fixed inputs and its clock (what every step below reads)."""
+
+    archive: ArchiveRef
+    model: str
+    state_dir: Path
+    settings: TuneSettings
+    tracker: Tracker
+    log_dir: Path
+    started: float  # time.monotonic() at the start
+
+    def left(self) -> float:
+        return max(0.0, self.settings.budget_s - (time.monotonic() - self.started))
+
+    def fingerprint(self, mode: str) -> dict[str, Any]:
+        return asdict(current_fingerprint(config_in_mode(self.archive.config, mode)))
+
+
 def tune_model(
     base_dir: str | Path,
     model: str,
@@ -257,14 +276,9 @@ def tune_model(
     log_dir: str | Path | None = None,
 ) -> TuneResult:
     """Guard and profile every candidate mode of `model`'s base archive, then choose; see the module doc."""
-    t0 = time.monotonic()
-    budget = settings.budget_s
-
-    def left() -> float:
-        return max(0.0, budget - (time.monotonic() - t0))
-
+    started = time.monotonic()
     tracker.set(state="running", stage="probing", text="probing what this machine can run",
-                started=tracker.now(), batch=settings.batch, budget_s=budget)
+                started=tracker.now(), batch=settings.batch, budget_s=settings.budget_s)
     archive = open_archive(base_dir)
     caps = probe_archive(archive.directory)
     requested = [m.strip().lower() for m in settings.modes or ()]
@@ -273,17 +287,25 @@ def tune_model(
                 model_id=archive.model_id)
     log_dir = Path(log_dir) if log_dir else Path(state_dir) / TUNE_DIR
     log_dir.mkdir(parents=True, exist_ok=True)
+    run = _Run(archive, model, Path(state_dir), settings, tracker, log_dir, started)
+    todo, profiles = _settle(run, modes, requested, previous)
+    _measure(run, todo, caps.mode, profiles)
+    return _choose(run, modes, profiles)
 
-    # Which modes need measuring, and which are settled already.
+
+def _settle(run: _Run, modes: list[str], requested: list[str], previous: dict[str, Any] | None
+            ) -> tuple[list[str], dict[str, Profile]]:
+    """(modes that need measuring, {mode: its reused profile}); the rest refused before."""
     todo: list[str] = []
     profiles: dict[str, Profile] = {}
+    settings, archive, tracker = run.settings, run.archive, run.tracker
     for mode in modes:
-        path = profile_file(state_dir, model, mode)
+        path = profile_file(run.state_dir, run.model, mode)
         # Points a run's budget omitted stay omitted until a fresh tune: a reused profile
         # needs only to be valid (hash, fingerprint, complete), to reach the batch sizes and
         # to have points at every thread count the plan may give a worker (1..cores).
         chk = check_mode_profile(path, mode, archive.model_id, archive.config, cores=settings.cores)
-        fp = asdict(current_fingerprint(config_in_mode(archive.config, mode)))
+        fp = run.fingerprint(mode)
         prof_max = (chk.profile.extra.get("settings") or {}).get("max_batch", 0) if chk.profile else 0
         refused = _refused_before(previous, mode, archive.model_id, fp)
         if chk.usable and not settings.fresh and prof_max >= settings.profile_max_batch:
@@ -299,108 +321,144 @@ def tune_model(
                    else "; ".join(chk.problems))
             tracker.mode(mode, state="pending", path=str(path), why=why)
             todo.append(mode)
+    return todo, profiles
 
+
+def _measure(run: _Run, todo: list[str], own_mode: str, profiles: dict[str, Profile]) -> None:
+    """Guard and profile each mode of `todo` within its share of the budget left; adds
+    what was measured to `profiles`."""
     # The archive's own mode is measured last: it already serves, and it is usually the
     # slowest (its large batches cost the most), so a budget that runs short cuts it first.
-    todo.sort(key=lambda m: m == caps.mode)
+    todo.sort(key=lambda m: m == own_mode)
     for k, mode in enumerate(todo):  # a retried mode is appended: the loop reaches it
-        label = f"mode {k + 1} of {len(todo)} to measure"
-        remaining = left()
+        remaining = run.left()
         share = remaining / (len(todo) - k)
         if share < MIN_MODE_BUDGET_S:
-            tracker.mode(mode, state="skipped", reason=f"tuning budget exhausted ({remaining:.0f} s left)")
+            run.tracker.mode(mode, state="skipped",
+                             reason=f"tuning budget exhausted ({remaining:.0f} s left)")
             continue
-        fp = asdict(current_fingerprint(config_in_mode(archive.config, mode)))
-        tracker.mode(mode, state="guarding", budget_s=round(share, 1))
-        what = ("loading it (the guard's reference)" if mode == "fp32-eager"
-                else "loading it and comparing it with fp32 eager")
-        tracker.set(stage="guarding", mode=mode, text=f"guarding {mode} ({label}): {what}, {left():.0f} s left")
-        m_started = time.monotonic()
-        guarded = threading.Event()
-        built_s: list[float] = []
-
-        def on_event(ev: dict[str, Any], mode: str = mode, label: str = label,
-                     built_s: list[float] = built_s) -> None:
-            if ev.get("event") == "ready" and not guarded.is_set():
-                guarded.set()
-                summary = ev.get("mode") or {}
-                built_s.append(float(summary.get("build_s") or 0.0))
-                tracker.mode(mode, state="profiling", guard=summary.get("guard"),
-                             build_s=summary.get("build_s"))
-                tracker.set(stage="profiling", text=f"profiling {mode} ({label}), {left():.0f} s left")
-
-        def on_update(partial: Profile, mode: str = mode, label: str = label) -> None:
-            omitted = partial.extra.get("omitted", [])
-            total = len(partial.points) + len(omitted)
-            done = total - sum(1 for o in omitted if o.get("reason") == "not measured yet")
-            tracker.mode(mode, points_done=done, points_total=total)
-            tracker.set(stage="profiling", points_done=done, points_total=total,
-                        text=f"profiling {mode} ({label}): {done} of {total} points, {left():.0f} s left")
-
-        psettings = ProfileSettings(
-            cores=settings.cores, max_batch=settings.profile_max_batch, budget_s=share,
-            point_budget_s=settings.point_budget_s,
-            batches=tune_batches(settings.batch, settings.cores, settings.profile_max_batch),
-            plan_batch=settings.batch)
-        try:
-            prof = run_profile(archive_in_mode(archive, mode), psettings, progress=False,
-                               on_update=on_update, on_event=on_event,
-                               log_path=log_dir / f"{model}-{mode}.log")
-        except ProfileError as exc:
-            msg = str(exc)
-            state = "refused" if (_is_refusal(msg) and not guarded.is_set()) else "failed"
-            tracker.mode(mode, state=state, reason=msg[:2000], model_id=archive.model_id, fingerprint=fp,
-                         duration_s=round(time.monotonic() - m_started, 1))
-            continue
-        path = profile_file(state_dir, model, mode)
-        if prof.points:  # kept even without a plan at B: a retry that measures less does not lose it
-            save_profile(prof, path)
+        prof, retry = _turn(run, mode, f"mode {k + 1} of {len(todo)} to measure", share,
+                            first_turn=mode not in todo[:k])
+        # Kept even without a plan at B: a retry that measures less does not lose it.
+        if prof is not None and prof.points:
             profiles[mode] = prof
-        has_plan = plans_at(prof, settings.cores, settings.batch)
-        if (retry_after_cold_build(mode not in todo[:k], built_s, share)
-                and not (has_plan and judged_at(prof, settings.cores, settings.batch))):
-            # Building the mode (int8-static calibration, say) took most of its share; the
-            # build is cached now, so a later turn loads it in seconds and measures.
+        if retry:
             todo.append(mode)
-            tracker.mode(mode, state="pending", why=(
-                f"building it took {built_s[0]:.0f} s of its {share:.0f} s share and left "
-                f"{len(prof.points)} point(s), "
-                f"{'only fat' if has_plan else 'no plan'} at batch "
-                f"{settings.batch}; measured again "
-                "from the build cache after the other modes, within the same budget"))
-            continue
-        if not prof.points:
-            tracker.mode(mode, state="failed", reason="no point measured within its budget",
-                         duration_s=round(time.monotonic() - m_started, 1))
-            continue
-        tracker.mode(mode, state="profiled", path=str(path), points=len(prof.points),
-                     omitted=len([o for o in prof.extra.get("omitted", [])]),
-                     duration_s=round(time.monotonic() - m_started, 1))
 
+
+class _Progress:
+    """The profiler's events for one mode, reported to the tracker: guarded once the
+    first worker is ready (its guard passed), then points as they are measured."""
+
+    def __init__(self, run: _Run, mode: str, label: str) -> None:
+        self.run, self.mode, self.label = run, mode, label
+        self.guarded = threading.Event()
+        self.built_s: list[float] = []
+
+    def on_event(self, ev: dict[str, Any]) -> None:
+        if ev.get("event") == "ready" and not self.guarded.is_set():
+            self.guarded.set()
+            summary = ev.get("mode") or {}
+            self.built_s.append(float(summary.get("build_s") or 0.0))
+            self.run.tracker.mode(self.mode, state="profiling", guard=summary.get("guard"),
+                                  build_s=summary.get("build_s"))
+            self.run.tracker.set(stage="profiling",
+                                 text=f"profiling {self.mode} ({self.label}), {self.run.left():.0f} s left")
+
+    def on_update(self, partial: Profile) -> None:
+        omitted = partial.extra.get("omitted", [])
+        total = len(partial.points) + len(omitted)
+        done = total - sum(1 for o in omitted if o.get("reason") == "not measured yet")
+        self.run.tracker.mode(self.mode, points_done=done, points_total=total)
+        self.run.tracker.set(stage="profiling", points_done=done, points_total=total,
+                             text=f"profiling {self.mode} ({self.label}): {done} of {total} points, "
+                                  f"{self.run.left():.0f} s left")
+
+
+def _turn(run: _Run, mode: str, label: str, share: float, first_turn: bool) -> tuple[Profile | None, bool]:
+    """One mode's guard and profile within `share` seconds: (its profile or None, whether
+    to measure it once more at the end: retry_after_cold_build)."""
+    settings, tracker = run.settings, run.tracker
+    fp = run.fingerprint(mode)
+    tracker.mode(mode, state="guarding", budget_s=round(share, 1))
+    what = ("loading it (the guard's reference)" if mode == "fp32-eager"
+            else "loading it and comparing it with fp32 eager")
+    tracker.set(stage="guarding", mode=mode,
+                text=f"guarding {mode} ({label}): {what}, {run.left():.0f} s left")
+    m_started = time.monotonic()
+    progress = _Progress(run, mode, label)
+    psettings = ProfileSettings(
+        cores=settings.cores, max_batch=settings.profile_max_batch, budget_s=share,
+        point_budget_s=settings.point_budget_s,
+        batches=tune_batches(settings.batch, settings.cores, settings.profile_max_batch),
+        plan_batch=settings.batch)
+    try:
+        prof = run_profile(archive_in_mode(run.archive, mode), psettings, progress=False,
+                           on_update=progress.on_update, on_event=progress.on_event,
+                           log_path=run.log_dir / f"{run.model}-{mode}.log")
+    except ProfileError as exc:
+        msg = str(exc)
+        state = "refused" if (_is_refusal(msg) and not progress.guarded.is_set()) else "failed"
+        tracker.mode(mode, state=state, reason=msg[:2000], model_id=run.archive.model_id, fingerprint=fp,
+                     duration_s=round(time.monotonic() - m_started, 1))
+        return None, False
+    path = profile_file(run.state_dir, run.model, mode)
+    if prof.points:
+        save_profile(prof, path)
+    has_plan = plans_at(prof, settings.cores, settings.batch)
+    if (retry_after_cold_build(first_turn, progress.built_s, share)
+            and not (has_plan and judged_at(prof, settings.cores, settings.batch))):
+        # Building the mode (int8-static calibration, say) took most of its share; the
+        # build is cached now, so a later turn loads it in seconds and measures.
+        tracker.mode(mode, state="pending", why=(
+            f"building it took {progress.built_s[0]:.0f} s of its {share:.0f} s share and left "
+            f"{len(prof.points)} point(s), {'only fat' if has_plan else 'no plan'} at batch "
+            f"{settings.batch}; measured again from the build cache after the other modes, "
+            "within the same budget"))
+        return prof, True
+    if not prof.points:
+        tracker.mode(mode, state="failed", reason="no point measured within its budget",
+                     duration_s=round(time.monotonic() - m_started, 1))
+        return prof, False
+    tracker.mode(mode, state="profiled", path=str(path), points=len(prof.points),
+                 omitted=len([o for o in prof.extra.get("omitted", [])]),
+                 duration_s=round(time.monotonic() - m_started, 1))
+    return prof, False
+
+
+def _plan_row(mp: ModePlan, best: ModePlan | None, quickest: ModePlan | None) -> dict[str, Any]:
+    """One mode's line of the choice: its best plan, or why it has none."""
+    row: dict[str, Any] = {"mode": mp.mode}
+    if mp.plan is None:
+        row["reason"] = mp.reason
+        return row
+    row.update(predicted_ms=round(mp.plan.predicted_latency_ms, 3),
+               fat_ms=None if mp.plan.fat_latency_ms is None else round(mp.plan.fat_latency_ms, 3),
+               shape=_shape_text(mp.plan))
+    if mp is best and quickest is not best:
+        row["kept"] = (f"chosen before {quickest.mode} ({quickest.plan.predicted_latency_ms:.0f} ms): "
+                       f"a later mode must be more than {MODE_MARGIN:.0%} faster")
+    return row
+
+
+def _choose(run: _Run, modes: list[str], profiles: dict[str, Profile]) -> TuneResult:
+    """The (mode, plan) for the tune's batch among the measured modes (plans_per_mode)."""
+    settings, tracker = run.settings, run.tracker
     tracker.set(stage="planning", mode=None, text=f"planning: best (mode, plan) for B={settings.batch}")
     ordered = [profiles[m] for m in modes if m in profiles]
     if not ordered:
-        raise ProfileError(f"no mode of {model} could be profiled: "
+        raise ProfileError(f"no mode of {run.model} could be profiled: "
                            + "; ".join(f"{m}: {v.get('state')} {v.get('reason', '')}"
                                        for m, v in tracker.snapshot()["modes"].items()))
     per_mode, best = plans_per_mode(ordered, settings.cores, settings.batch, realizable=True)
     quickest = fastest(per_mode)
     report = []
     for mp in per_mode:
-        row: dict[str, Any] = {"mode": mp.mode}
-        if mp.plan is not None:
-            row.update(predicted_ms=round(mp.plan.predicted_latency_ms, 3),
-                       fat_ms=None if mp.plan.fat_latency_ms is None else round(mp.plan.fat_latency_ms, 3),
-                       shape=_shape_text(mp.plan))
-            if mp is best and quickest is not best:
-                row["kept"] = (f"chosen before {quickest.mode} ({quickest.plan.predicted_latency_ms:.0f} ms): "
-                               f"a later mode must be more than {MODE_MARGIN:.0%} faster")
-        else:
-            row["reason"] = mp.reason
+        row = _plan_row(mp, best, quickest)
         tracker.mode(mp.mode, plan=row)
         report.append(row)
     if best is None or best.plan is None:
-        raise PlanError(f"no mode of {model} has a plan for B={settings.batch}: "
+        raise PlanError(f"no mode of {run.model} has a plan for B={settings.batch}: "
                         + "; ".join(f"{r['mode']}: {r.get('reason')}" for r in report))
     plan = replace(best.plan, mode=best.mode)
     return TuneResult(plan=plan, profiles=tuple(ordered), per_mode=tuple(report))
