@@ -11,8 +11,10 @@ answers must agree.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from packrat.profile.store import save_profile
 from packrat.server import RunningServer, free_ports
 from packrat.types import Profile, ProfilePoint
 from serving_support import ControllerProcess, registered_with_controller, start_server
+from waiting import wait_until
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -135,10 +138,12 @@ def test_plugin_answers_as_the_controller_port(stack) -> None:
     r = via_plugin(server, "POST", f"/models/{MODEL}/profile", {"max_batch": 1, "budget_s": 20, "cores": 1})
     assert r.status_code == 202, r.text
     job = r.json()
-    deadline = time.monotonic() + 120
-    while job["state"] in ("queued", "running") and time.monotonic() < deadline:
-        time.sleep(0.5)
-        job = via_plugin(server, "GET", f"/jobs/{job['id']}").json()
+
+    def finished() -> dict | None:
+        now = via_plugin(server, "GET", f"/jobs/{job['id']}").json()
+        return now if now["state"] not in ("queued", "running") else None
+
+    job = wait_until(finished, 600, "the profiling job (a 20 s budget) to finish")
     assert job["state"] == "done", job
     a, b = both(server, ctl, "GET", f"/jobs/{job['id']}")
     assert_same(a, b)
@@ -200,6 +205,73 @@ def test_controller_stopped_503_and_inference_continues(stack) -> None:
                             timeout=30).status_code == 200
     finally:
         ctl.start()
+    r = requests.get(f"{server.management_url}/packrat/models/{MODEL}/status",
+                     headers=server.management_headers(), timeout=30)
+    assert r.status_code == 200, r.text
+
+
+# Another local user's process on the controller's port: it answers any HTTP request with
+# 200 and prints, one line each, the bytes every connection sent it.
+SQUATTER = """
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen()
+print("listening", flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(5)
+    try:
+        data = c.recv(65536)
+    except OSError:
+        data = b""
+    print(repr(data), flush=True)
+    c.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\nContent-Length: 2\\r\\n\\r\\n{}")
+    c.close()
+"""
+NOBODY_UID = 65534
+
+
+def python_for(uid: int) -> str:
+    """An interpreter `uid` may run (the venv's may sit in a directory only its owner enters)."""
+    for candidate in (sys.executable, "/usr/local/bin/python3", "/usr/bin/python3"):
+        try:
+            subprocess.run([candidate, "-c", ""], user=uid, group=uid, check=True, timeout=30)
+            return candidate
+        except (OSError, subprocess.CalledProcessError):
+            continue
+    pytest.skip(f"no Python that uid {uid} may run")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting another user's listener needs root")
+def test_a_squatter_on_the_controller_port_gets_no_key(stack) -> None:
+    """While the controller is down, another user takes its port: the plugin refuses to
+    call it (TorchServe's own user or root only), so the management key never reaches it."""
+    server, ctl = stack
+    key = server.management_headers()["Authorization"].split()[-1]
+    python = python_for(NOBODY_UID)
+    ctl.kill()
+    try:
+        for address in ("127.0.0.1", "0.0.0.0"):  # the controller's address, and the wildcard
+            squatter = subprocess.Popen([python, "-c", SQUATTER, address, str(ctl.port)],
+                                        user=NOBODY_UID, group=NOBODY_UID, stdout=subprocess.PIPE, text=True)
+            try:
+                assert squatter.stdout.readline().strip() == "listening"
+                r = via_plugin(server, "POST", f"/models/{MODEL}/apply",
+                               {"instances": [{"threads": 1, "batch": 1}]}, timeout=30)
+                assert r.status_code == 503 and r.json()["type"] == "ControllerNotTrusted", r.text
+                assert f"uid {NOBODY_UID}" in r.json()["message"] and ctl.url in r.json()["message"]
+                # The squatter answers whoever connects: it is a working listener.
+                assert requests.get(f"http://127.0.0.1:{ctl.port}/v1/models", timeout=10).status_code == 200
+            finally:
+                squatter.kill()
+                received, _ = squatter.communicate(timeout=10)
+            lines = received.splitlines()
+            assert len(lines) == 1 and "Authorization" not in lines[0] and key not in received, received
+    finally:
+        ctl.start()
+    # The controller again, as TorchServe's user: the key goes to it.
     r = requests.get(f"{server.management_url}/packrat/models/{MODEL}/status",
                      headers=server.management_headers(), timeout=30)
     assert r.status_code == 200, r.text

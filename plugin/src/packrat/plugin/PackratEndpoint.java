@@ -36,7 +36,9 @@ import org.slf4j.LoggerFactory;
  * management-port handler, plugins included (ServerInitializer: TokenAuthorizationHandler,
  * then ManagementRequestHandler, which dispatches to plugins). A call without the management
  * key is refused there and never reaches this class. The caller's Authorization header is
- * forwarded, and the controller checks it again against the same key file.
+ * forwarded, and the controller checks it again against the same key file. It is forwarded
+ * only to a listener of TorchServe's own user ({@link ListenerOwner}): while the controller is
+ * down another local user could take its port and collect the key.
  *
  * <p>A call's JSON body goes in the {@link #BODY_HEADER} header (why: see there).
  *
@@ -107,6 +109,9 @@ public class PackratEndpoint extends ModelServerEndpoint {
             error(rsp, 503, "ControllerUnavailable", problem);
             return;
         }
+        if (refusedListener(base, rsp)) {
+            return;
+        }
         String target;
         try {
             target = targetPath(req.getRequestURI());
@@ -156,12 +161,7 @@ public class PackratEndpoint extends ModelServerEndpoint {
         try {
             answer = CLIENT.send(out.build(), HttpResponse.BodyHandlers.ofByteArray());
         } catch (ConnectException | HttpConnectTimeoutException e) {
-            logger.warn("Packrat controller not reachable at {}: {}", base, e.toString());
-            error(rsp, 503, "ControllerUnavailable",
-                    "Packrat controller not reachable at " + base + " (" + reason(e) + "). Start it"
-                            + " with `packrat controller` (or `make run`), or set " + URL_KEY
-                            + " in config.properties to where it listens. TorchServe itself keeps"
-                            + " serving.");
+            unreachable(rsp, base, reason(e));
             return;
         } catch (HttpTimeoutException e) {
             error(rsp, 504, "ControllerTimeout",
@@ -184,6 +184,48 @@ public class PackratEndpoint extends ModelServerEndpoint {
         try (OutputStream os = rsp.getOutputStream()) {
             os.write(answer.body());
         }
+    }
+
+    /**
+     * true if the key must not go to whoever listens at {@code base} (nothing, another user's
+     * socket, or nobody can tell), with the 503 written; false if the controller may be called.
+     */
+    private static boolean refusedListener(String base, Response rsp) throws IOException {
+        URI uri = URI.create(base);
+        String why;
+        try {
+            int port = uri.getPort() == -1 ? 80 : uri.getPort();
+            why = ListenerOwner.system().check(InetAddress.getByName(hostOf(uri)), port);
+        } catch (IOException | RuntimeException e) {
+            error(rsp, 503, "ControllerNotVerified",
+                    "cannot tell who listens at " + base + " (" + reason(e) + "), so the management"
+                            + " key is not sent there: the plugin reads Linux's /proc/net/tcp. Use"
+                            + " the controller's own port.");
+            return true;
+        }
+        if (why == null) {
+            return false;
+        }
+        if (ListenerOwner.NOBODY.equals(why)) {
+            unreachable(rsp, base, why);
+            return true;
+        }
+        logger.warn("Packrat controller at {} not trusted: {}", base, why);
+        error(rsp, 503, "ControllerNotTrusted",
+                "Packrat controller at " + base + " not trusted: " + why + ". The management key"
+                        + " is not sent to it. Another user may have taken the port while the"
+                        + " controller was down: stop that process and start the controller, or"
+                        + " set " + URL_KEY + " in config.properties to where it listens.");
+        return true;
+    }
+
+    private static void unreachable(Response rsp, String base, String why) throws IOException {
+        logger.warn("Packrat controller not reachable at {}: {}", base, why);
+        error(rsp, 503, "ControllerUnavailable",
+                "Packrat controller not reachable at " + base + " (" + why + "). Start it"
+                        + " with `packrat controller` (or `make run`), or set " + URL_KEY
+                        + " in config.properties to where it listens. TorchServe itself keeps"
+                        + " serving.");
     }
 
     /** {@code /packrat/X?q} to {@code /v1/X?q}, {@code /packrat/metrics} to {@code /metrics}; raw (still encoded). */
@@ -212,11 +254,7 @@ public class PackratEndpoint extends ModelServerEndpoint {
             if (!"http".equals(uri.getScheme()) || uri.getHost() == null) {
                 return URL_KEY + "=" + base + " is not an http://host:port URL";
             }
-            String host = uri.getHost();
-            if (host.startsWith("[") && host.endsWith("]")) {
-                host = host.substring(1, host.length() - 1);
-            }
-            if (!InetAddress.getByName(host).isLoopbackAddress()) {
+            if (!InetAddress.getByName(hostOf(uri)).isLoopbackAddress()) {
                 return URL_KEY + "=" + base + " is not a loopback address; the plugin only"
                         + " forwards to a controller on this machine";
             }
@@ -224,6 +262,12 @@ public class PackratEndpoint extends ModelServerEndpoint {
         } catch (URISyntaxException | IOException e) {
             return URL_KEY + "=" + base + " is not a valid URL: " + e.getMessage();
         }
+    }
+
+    /** The URI's host without an IPv6 literal's brackets. */
+    private static String hostOf(URI uri) {
+        String host = uri.getHost();
+        return host.startsWith("[") && host.endsWith("]") ? host.substring(1, host.length() - 1) : host;
     }
 
     private static Field nettyRequestField() {
