@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from packrat.errors import ProfileError
+from packrat.modes import ExecutionMode
 
 # Modules each runtime needs beyond torch (the ONNX runtimes export with `onnx`).
 RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
@@ -94,7 +95,7 @@ def _probe(archive_dir: str) -> dict[str, Any]:
 
     out: dict[str, Any] = {
         "task": section.get("task"),
-        "mode": f"{section.get('precision', 'fp32')}-{section.get('runtime', 'eager')}".lower(),
+        "mode": str(ExecutionMode.from_config(config)),
         "bf16": None,
         "unavailable": {},
     }
