@@ -24,7 +24,7 @@ from packrat.bench.loadgen import (
     summarise,
 )
 from packrat.bench.loadgen import ContinuousLoad
-from packrat.bench.localserver import LocalServer
+from packrat.bench.localserver import LocalServer, local_server
 from packrat.errors import ConfigError
 from waiting import wait_until
 
@@ -38,13 +38,8 @@ def server_requests(server: LocalServer) -> int:
 
 @pytest.fixture()
 def server() -> Iterator[LocalServer]:
-    srv = LocalServer(0)
-    srv.start_in_thread()
-    try:
+    with local_server() as srv:
         yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def _url(srv: LocalServer, query: str = "") -> str:

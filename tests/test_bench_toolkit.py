@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from packrat.bench.loadgen import PoissonLoad, Sample, latency_summary
-from packrat.bench.localserver import LocalServer
+from packrat.bench.localserver import LocalServer, local_server
 from packrat.bench.machine import FLAGS_OF_INTEREST, cpu_flags, describe_machine
 from packrat.bench.stats import percentile
 
@@ -140,13 +140,8 @@ def test_latency_summary_uses_the_one_percentile() -> None:
 
 @pytest.fixture()
 def server() -> Iterator[LocalServer]:
-    srv = LocalServer(0)
-    srv.start_in_thread()
-    try:
+    with local_server() as srv:
         yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_poisson_load_counts_every_request_and_checks_every_answer(server: LocalServer) -> None:

@@ -14,10 +14,12 @@ the generator's GIL; it prints "listening on PORT" once ready.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -69,6 +71,18 @@ class LocalServer(ThreadingHTTPServer):
         t = threading.Thread(target=self.serve_forever, name="localserver", daemon=True)
         t.start()
         return t
+
+
+@contextlib.contextmanager
+def local_server(port: int = 0) -> Iterator[LocalServer]:
+    """A LocalServer answering in a thread of this process, shut down on exit."""
+    srv = LocalServer(port)
+    srv.start_in_thread()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def main(argv: list[str] | None = None) -> None:

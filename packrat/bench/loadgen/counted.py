@@ -196,6 +196,17 @@ def summarise(
     )
 
 
+def _run_threads(body: Callable[[], None], n: int, name: str) -> float:
+    """Run `body` in `n` threads until all return; the CPU seconds this process spent meanwhile."""
+    cpu0 = time.process_time()
+    threads = [threading.Thread(target=body, name=f"{name}-{i}", daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.process_time() - cpu0
+
+
 def closed_loop(
     target: Target,
     clients: int,
@@ -254,13 +265,7 @@ def closed_loop(
         finally:
             conn.close()
 
-    cpu0 = time.process_time()
-    threads = [threading.Thread(target=client, name=f"loadgen-{i}", daemon=True) for i in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    cpu_s = time.process_time() - cpu0
+    cpu_s = _run_threads(client, clients, "loadgen")
     # CPU spent on cool-down and warm-up requests is charged to the measured ones:
     # an upper bound on the generator's cost per request.
     return summarise(records, mode="closed", clients=clients, rate_rps=None, requested=requests_count, cpu_s=cpu_s)
@@ -328,13 +333,7 @@ def open_loop(
         finally:
             conn.close()
 
-    cpu0 = time.process_time()
-    threads = [threading.Thread(target=worker, name=f"loadgen-open-{i}", daemon=True) for i in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    cpu_s = time.process_time() - cpu0
+    cpu_s = _run_threads(worker, workers, "loadgen-open")
     return summarise(
         records, mode="open", clients=workers, rate_rps=rate_rps, requested=requests_count, cpu_s=cpu_s
     )
