@@ -35,6 +35,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,8 @@ DEFAULT_CONFIG = REPO_ROOT / "config.properties"
 STATE_FILE = "server.json"
 # A cold JVM plus model-store scan takes ~5-15 s on 2 busy cores; leave room.
 DEFAULT_START_TIMEOUT_S = 180.0
+# The workers' slot directory variable (packrat.slots reads it in each worker).
+SLOT_ENV: str = settings.get("slot_dir").env  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -371,19 +374,7 @@ def start_torchserve(
     config_path = workdir / "config.properties"
     config_path.write_text(render_properties(config_template, ports, model_store, extra_properties))
 
-    child_env = dict(os.environ if env is None else env)
-    slot_env = settings.get("slot_dir").env
-    if slot_dir is not None:
-        # Created by the first worker (packrat.slots sets its permissions).
-        child_env[slot_env] = str(Path(slot_dir).resolve())
-    else:
-        # Not the per-instance TMPDIR below: a controller started on its own must
-        # find the same directory by the same rule (packrat.slots.slot_root()).
-        child_env[slot_env] = str(settings.value("slot_dir", env=child_env))
-    child_env["TMPDIR"] = str(tmp)  # launcher pid file
-    child_env["TEMP"] = str(tmp)  # -> -Djava.io.tmpdir: worker unix sockets
-    child_env.pop("TS_CONFIG_FILE", None)  # would override --ts-config
-
+    child_env = _child_env(os.environ if env is None else env, slot_dir, tmp)
     cmd = _torchserve_command(child_env) + [
         "--start",
         "--foreground",
@@ -396,6 +387,44 @@ def start_torchserve(
     if models:
         cmd += ["--models", *models]
     cmd = with_log_config(cmd, child_env)  # packrat/log4j2.xml: no per-request log lines
+    proc, out_offset = _launch(cmd, workdir, child_env)
+    server = RunningServer(
+        workdir=workdir,
+        model_store=model_store,
+        pid=proc.pid,
+        ports=ports,
+        config_path=config_path,
+        slot_dir=Path(child_env[SLOT_ENV]),
+        _proc=proc,
+    )
+    server.save()
+    try:
+        _wait_healthy(server, timeout_s, out_offset)
+    except BaseException:
+        server.stop(timeout_s=10)
+        raise
+    return server
+
+
+def _child_env(base: Mapping[str, str], slot_dir: Path | str | None, tmp: Path) -> dict[str, str]:
+    """The environment TorchServe starts with: `base`, its slot dir and its own temp dir."""
+    child_env = dict(base)
+    if slot_dir is not None:
+        # Created by the first worker (packrat.slots sets its permissions).
+        child_env[SLOT_ENV] = str(Path(slot_dir).resolve())
+    else:
+        # Not the per-instance TMPDIR below: a controller started on its own must
+        # find the same directory by the same rule (packrat.slots.slot_root()).
+        child_env[SLOT_ENV] = str(settings.value("slot_dir", env=child_env))
+    child_env["TMPDIR"] = str(tmp)  # launcher pid file
+    child_env["TEMP"] = str(tmp)  # -> -Djava.io.tmpdir: worker unix sockets
+    child_env.pop("TS_CONFIG_FILE", None)  # would override --ts-config
+    return child_env
+
+
+def _launch(cmd: list[str], workdir: Path, child_env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """Start `cmd` in its own process group, output appended to <workdir>/torchserve.out;
+    the process and where this start's output begins in that file."""
     out_path = workdir / "torchserve.out"
     out_offset = out_path.stat().st_size if out_path.exists() else 0
     out = open(out_path, "ab")
@@ -411,22 +440,7 @@ def start_torchserve(
         )
     finally:
         out.close()
-    server = RunningServer(
-        workdir=workdir,
-        model_store=model_store,
-        pid=proc.pid,
-        ports=ports,
-        config_path=config_path,
-        slot_dir=Path(child_env[slot_env]),
-        _proc=proc,
-    )
-    server.save()
-    try:
-        _wait_healthy(server, timeout_s, out_offset)
-    except BaseException:
-        server.stop(timeout_s=10)
-        raise
-    return server
+    return proc, out_offset
 
 
 # Printed by the frontend after every listener, gRPC included, is bound. /ping

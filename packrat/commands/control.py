@@ -2,37 +2,104 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import signal
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from packrat import settings
+from packrat.commands._options import setting_option
 from packrat.errors import PackratError
 
-DEFAULT_API_PORT = 8085
+if TYPE_CHECKING:  # loaded when a command runs, not when the CLI starts
+    from packrat.control import Controller
+    from packrat.server import RunningServer
 
-# The re-plan loop's and the tuner's options, shared by `controller` and `serve`.
-ADAPT = typer.Option(True, "--adapt/--no-adapt", help="re-plan automatically when the load moves")
-MIN_DWELL = typer.Option(None, "--min-dwell", help="seconds between automatic swaps [60]")
-TUNE = typer.Option(True, "--tune/--no-tune",
-                    help="tune every Packrat model (execution mode and shape) in the background")
-TUNE_MODES = typer.Option([], "--tune-mode", help="modes the automatic tune tries besides the "
-                          "archive's own (repeat; 'all') (default: a short list per task)")
-TUNE_BUDGET = typer.Option(None, "--tune-budget", help="seconds per model tune [180]")
-TUNE_BATCH = typer.Option(None, "--tune-batch", help="load batch B to tune for (default: observed, else 8)")
-TUNE_MAX_BATCH = typer.Option(None, "--tune-max-batch", help="largest profiled batch (default: max(B, 8))")
-TUNE_POINT_BUDGET = typer.Option(None, "--tune-point-budget", help="seconds per profiled point [5]")
+# The table's text describes the default; as a flag, the option says what it sets.
+TUNE_BATCH_HELP = "load batch B to tune for; unset: the observed B, else the default"
 
 
-def _loop_options(adapt: bool, min_dwell: float | None, tune: bool, tune_modes: list[str],
-                  tune_budget: float | None, tune_batch: int | None, tune_max_batch: int | None,
-                  tune_point_budget: float | None) -> dict:
-    """The CLI's loop and tune options as run_controller's keyword arguments."""
-    return dict(adapt=adapt, min_dwell_s=min_dwell, tune=tune, tune_modes=tune_modes or None,
-                tune_budget_s=tune_budget, tune_batch=tune_batch, tune_max_batch=tune_max_batch,
-                tune_point_budget_s=tune_point_budget)
+@dataclass(frozen=True)
+class LoopOptions:
+    """The re-plan loop's and the automatic tune's options (None: that part's own default)."""
+
+    adapt: bool = True
+    min_dwell_s: float | None = None
+    tune: bool = True
+    tune_modes: list[str] | None = None
+    tune_budget_s: float | None = None
+    tune_batch: int | None = None
+    tune_max_batch: int | None = None
+    tune_point_budget_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What `controller` and `serve` both take: the store, where state goes, the cores, the
+    API's address and the loop. TorchServe's addresses and key file differ between them."""
+
+    model_store: Path
+    state_dir: Path
+    cores: tuple[int, ...] | None
+    host: str
+    port: int
+    loop: LoopOptions = LoopOptions()
+
+
+# The flags of RunOptions, which both commands end with: parameter -> (type, option).
+# Unset, the loop's and the tune's own defaults apply (the table's, shown in brackets).
+RUN_FLAGS: dict[str, tuple[Any, Any]] = {
+    "model_store": (Path, setting_option("model_store")),
+    "state_dir": (Optional[Path], setting_option("state_dir")),
+    "cores": (Optional[str], setting_option("cores")),
+    "host": (str, setting_option("api_host")),
+    "port": (int, setting_option("api_port")),
+    "adapt": (bool, typer.Option(True, "--adapt/--no-adapt", help="re-plan automatically when the load moves")),
+    "min_dwell": (Optional[float], setting_option("min_dwell_s", deferred=True)),
+    "tune": (bool, typer.Option(True, "--tune/--no-tune",
+                                help="tune every Packrat model (execution mode and shape) in the background")),
+    "tune_modes": (list[str], typer.Option([], "--tune-mode", help="modes the automatic tune tries besides the "
+                                           "archive's own (repeat; 'all') (default: a short list per task)")),
+    "tune_budget": (Optional[float], setting_option("tune_budget_s", deferred=True)),
+    "tune_batch": (Optional[int], setting_option("tune_batch", deferred=True, text=TUNE_BATCH_HELP)),
+    "tune_max_batch": (Optional[int], setting_option("tune_max_batch", deferred=True)),
+    "tune_point_budget": (Optional[float], setting_option("tune_point_budget_s", deferred=True)),
+}
+
+
+def _run_options(flags: dict[str, Any]) -> RunOptions:
+    """RUN_FLAGS' values, parsed: --state-dir > $PACKRAT_STATE_DIR > .packrat, --cores as a CPU list."""
+    loop = LoopOptions(adapt=flags["adapt"], min_dwell_s=flags["min_dwell"], tune=flags["tune"],
+                       tune_modes=flags["tune_modes"] or None,  # no --tune-mode: the tune's own list
+                       tune_budget_s=flags["tune_budget"], tune_batch=flags["tune_batch"],
+                       tune_max_batch=flags["tune_max_batch"], tune_point_budget_s=flags["tune_point_budget"])
+    return RunOptions(model_store=flags["model_store"],
+                      state_dir=settings.value("state_dir", cli=flags["state_dir"]),
+                      cores=_parse_cores(flags["cores"]), host=flags["host"], port=flags["port"], loop=loop)
+
+
+def with_run_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """`command(..., run: RunOptions)` as a typer command whose flags end with RUN_FLAGS.
+
+    typer reads a command's flags from its signature: this one is the command's own
+    parameters and then RUN_FLAGS, whose values reach the command as one RunOptions.
+    """
+    own = [p for p in inspect.signature(command).parameters.values() if p.name != "run"]
+    flags = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+             for name, (kind, option) in RUN_FLAGS.items()]
+
+    @functools.wraps(command)
+    def parsed(**kw: Any) -> None:
+        command(**{k: v for k, v in kw.items() if k not in RUN_FLAGS}, run=_run_options(kw))
+
+    parsed.__signature__ = inspect.Signature(own + flags)  # type: ignore[attr-defined]
+    return parsed
 
 
 def _parse_cores(text: str | None) -> tuple[int, ...] | None:
@@ -55,184 +122,148 @@ def _loopback(host: str) -> str:
     return host
 
 
-def run_controller(
-    *,
-    management_url: str,
-    metrics_url: str | None,
-    key_file: Path,
-    model_store: Path,
-    state_dir: Path,
-    cores: tuple[int, ...] | None,
-    host: str,
-    port: int,
-    stop: threading.Event | None = None,
-    adapt: bool = True,
-    min_dwell_s: float | None = None,
-    tune: bool = True,
-    tune_modes: list[str] | None = None,
-    tune_budget_s: float | None = None,
-    tune_batch: int | None = None,
-    tune_max_batch: int | None = None,
-    tune_point_budget_s: float | None = None,
-) -> None:
+def run_controller(*, management_url: str, metrics_url: str | None, key_file: Path, run: RunOptions,
+                   stop: threading.Event | None = None) -> None:
     """Attach, clean up after a killed predecessor, then serve the REST API until stopped."""
-    import uvicorn
-
-    from packrat.api import create_app
     from packrat.control import Controller, ControllerSettings
 
-    settings = ControllerSettings(
+    controller_settings = ControllerSettings(
         management_url=management_url,
         metrics_url=metrics_url,
         key_file=key_file,
-        model_store=model_store,
-        state_dir=state_dir,
-        cores=cores,
+        model_store=run.model_store,
+        state_dir=run.state_dir,
+        cores=run.cores,
         # The re-plan loop's estimator counts ticks of about a second.
-        tick_s=1.0 if adapt else 5.0,
+        tick_s=1.0 if run.loop.adapt else 5.0,
     )
     policy = None
-    if adapt:
+    if run.loop.adapt:
         from packrat.observe.loop import AdaptiveLoop, adapt_settings, log_decisions_to
 
-        policy = AdaptiveLoop(adapt_settings(min_dwell_s=min_dwell_s))
-        log_decisions_to(state_dir / "decisions.jsonl")
-    controller = Controller(settings, policy=policy)
+        policy = AdaptiveLoop(adapt_settings(min_dwell_s=run.loop.min_dwell_s))
+        log_decisions_to(run.state_dir / "decisions.jsonl")
+    controller = Controller(controller_settings, policy=policy)
     controller.acquire()
     try:
-        cleaned = controller.attach()
-        for c in cleaned:
-            typer.echo(f"cleaned up after an interrupted swap: {c}", err=True)
-        for m in controller.models():
-            st = controller.model_state(m)
-            shape = (
-                " + ".join(f"{i.threads}t/b{i.batch}" for i in st.plan.instances) if st.plan else "not a Packrat plan"
-            )
-            typer.echo(f"{m}: version {st.version} ({shape})", err=True)
+        _attach(controller)
         stop = stop or threading.Event()
         ticker = threading.Thread(target=controller.run, args=(stop,), name="controller-tick", daemon=True)
         ticker.start()
-        if tune:
-            # Every Packrat model to its fastest measured (mode, shape), in the background.
-            from packrat.control.tuning import AutoTuner
-
-            tuner = AutoTuner(controller, modes=tune_modes, budget_s=tune_budget_s, batch=tune_batch,
-                              max_batch=tune_max_batch, point_budget_s=tune_point_budget_s)
-            threading.Thread(target=tuner.run, args=(stop,), name="controller-autotune", daemon=True).start()
-            typer.echo("tuning every Packrat model in the background (--no-tune to switch off); "
-                       "progress: packrat status", err=True)
-        config = uvicorn.Config(create_app(controller), host=host, port=port, log_level="warning")
-        server = uvicorn.Server(config)
-        typer.echo(f"packrat controller API on http://{host}:{port} (token: TorchServe management key)", err=True)
-
-        def watch() -> None:
-            stop.wait()
-            server.should_exit = True
-
-        threading.Thread(target=watch, daemon=True).start()
-        server.run()
-        stop.set()
+        if run.loop.tune:
+            _start_tuner(controller, run.loop, stop)
+        _serve_api(controller, run.host, run.port, stop)
     finally:
         controller.release()
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("controller")
-    def controller_command(
-        management_url: str = typer.Option("http://127.0.0.1:8081", "--management-url"),
-        metrics_url: Optional[str] = typer.Option("http://127.0.0.1:8082", "--metrics-url"),
-        key_file: Path = typer.Option(Path("key_file.json"), "--key-file", help="TorchServe's key_file.json"),
-        model_store: Path = typer.Option(Path("model-store"), "--model-store"),
-        state_dir: Path = typer.Option(Path(".packrat"), "--state-dir"),
-        cores: Optional[str] = typer.Option(None, "--cores", help="usable cores, e.g. 0-3 [default: affinity]"),
-        host: str = typer.Option("127.0.0.1", "--host", help="REST API address (loopback by default)"),
-        port: int = typer.Option(DEFAULT_API_PORT, "--port", help="REST API port"),
-        adapt: bool = ADAPT,
-        min_dwell: Optional[float] = MIN_DWELL,
-        tune: bool = TUNE,
-        tune_modes: list[str] = TUNE_MODES,
-        tune_budget: Optional[float] = TUNE_BUDGET,
-        tune_batch: Optional[int] = TUNE_BATCH,
-        tune_max_batch: Optional[int] = TUNE_MAX_BATCH,
-        tune_point_budget: Optional[float] = TUNE_POINT_BUDGET,
-    ) -> None:
-        """Attach to a running TorchServe and serve the Packrat REST API."""
-        try:
-            run_controller(
-                management_url=management_url,
-                metrics_url=metrics_url,
-                key_file=key_file,
-                model_store=model_store,
-                state_dir=state_dir,
-                cores=_parse_cores(cores),
-                host=host,
-                port=port,
-                **_loop_options(adapt, min_dwell, tune, tune_modes, tune_budget, tune_batch, tune_max_batch,
-                                tune_point_budget),
-            )
-        except PackratError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from exc
+def _start_tuner(controller: Controller, loop: LoopOptions, stop: threading.Event) -> None:
+    """Every Packrat model to its fastest measured (mode, shape), in the background."""
+    from packrat.control.tuning import AutoTuner
 
-    @app.command("serve")
-    def serve_command(
-        config: Path = typer.Option(Path("config.properties"), "--config", help="TorchServe config.properties"),
-        model_store: Path = typer.Option(Path("model-store"), "--model-store"),
-        models: list[str] = typer.Option([], "--model", help="model dir in the store to load at start (repeat)"),
-        state_dir: Path = typer.Option(Path(".packrat"), "--state-dir"),
-        cores: Optional[str] = typer.Option(None, "--cores"),
-        host: str = typer.Option("127.0.0.1", "--host"),
-        port: int = typer.Option(DEFAULT_API_PORT, "--port"),
-        adapt: bool = ADAPT,
-        min_dwell: Optional[float] = MIN_DWELL,
-        tune: bool = TUNE,
-        tune_modes: list[str] = TUNE_MODES,
-        tune_budget: Optional[float] = TUNE_BUDGET,
-        tune_batch: Optional[int] = TUNE_BATCH,
-        tune_max_batch: Optional[int] = TUNE_MAX_BATCH,
-        tune_point_budget: Optional[float] = TUNE_POINT_BUDGET,
-    ) -> None:
-        """Start TorchServe (with the config's ports) and the controller; Ctrl-C stops both."""
-        from packrat.server import Ports, read_properties, start_torchserve
+    tuner = AutoTuner(controller, modes=loop.tune_modes, budget_s=loop.tune_budget_s, batch=loop.tune_batch,
+                      max_batch=loop.tune_max_batch, point_budget_s=loop.tune_point_budget_s)
+    threading.Thread(target=tuner.run, args=(stop,), name="controller-autotune", daemon=True).start()
+    typer.echo("tuning every Packrat model in the background (--no-tune to switch off); "
+               "progress: packrat status", err=True)
 
-        try:
-            server = start_torchserve(
-                model_store,
-                state_dir / "torchserve",
-                config_template=config,
-                ports=Ports.fixed_from(read_properties(config)),
-                models=models or None,
-                # The plugin's /packrat/... on the management port forwards to this controller.
-                extra_properties={"packrat_controller_url": f"http://{_loopback(host)}:{port}"},
-            )
-        except PackratError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from exc
-        typer.echo(
-            f"TorchServe: inference {server.inference_url}, management {server.management_url}, "
-            f"metrics {server.metrics_url}; keys in {server.workdir / 'key_file.json'}",
-            err=True,
+
+def _attach(controller: Controller) -> None:
+    """Attach to TorchServe (finishing or undoing a swap a killed controller left) and say what runs."""
+    cleaned = controller.attach()
+    for c in cleaned:
+        typer.echo(f"cleaned up after an interrupted swap: {c}", err=True)
+    for m in controller.models():
+        st = controller.model_state(m)
+        shape = (
+            " + ".join(f"{i.threads}t/b{i.batch}" for i in st.plan.instances) if st.plan else "not a Packrat plan"
         )
-        stop = threading.Event()
-        for sig in (signal.SIGTERM,):
-            signal.signal(sig, lambda *_: stop.set())
-        try:
-            run_controller(
-                management_url=server.management_url,
-                metrics_url=server.metrics_url,
-                key_file=server.workdir / "key_file.json",
-                model_store=model_store,
-                state_dir=state_dir,
-                cores=_parse_cores(cores),
-                host=host,
-                port=port,
-                stop=stop,
-                **_loop_options(adapt, min_dwell, tune, tune_modes, tune_budget, tune_batch, tune_max_batch,
-                                tune_point_budget),
-            )
-        except PackratError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from exc
-        finally:
-            typer.echo("stopping TorchServe", err=True)
-            server.stop()
+        typer.echo(f"{m}: version {st.version} ({shape})", err=True)
+
+
+def _serve_api(controller: Controller, host: str, port: int, stop: threading.Event) -> None:
+    """The REST API until `stop` is set (or uvicorn stops on a signal, which then sets it)."""
+    import uvicorn
+
+    from packrat.api import create_app
+
+    config = uvicorn.Config(create_app(controller), host=host, port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    typer.echo(f"packrat controller API on http://{host}:{port} (token: TorchServe management key)", err=True)
+
+    def watch() -> None:
+        stop.wait()
+        server.should_exit = True
+
+    threading.Thread(target=watch, daemon=True).start()
+    server.run()
+    stop.set()
+
+
+@with_run_flags
+def controller_command(
+    management_url: str = setting_option("management_url"),
+    metrics_url: Optional[str] = setting_option("metrics_url"),
+    key_file: Path = typer.Option(Path("key_file.json"), "--key-file", help="TorchServe's key_file.json"),
+    *,
+    run: RunOptions,
+) -> None:
+    """Attach to a running TorchServe and serve the Packrat REST API."""
+    try:
+        run_controller(management_url=management_url, metrics_url=metrics_url, key_file=key_file, run=run)
+    except PackratError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+@with_run_flags
+def serve_command(
+    config: Path = setting_option("ts_config"),
+    models: list[str] = typer.Option([], "--model", help="model dir in the store to load at start (repeat)"),
+    *,
+    run: RunOptions,
+) -> None:
+    """Start TorchServe (with the config's ports) and the controller; Ctrl-C stops both."""
+    server = _start_torchserve(config, models, run)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM,):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        run_controller(management_url=server.management_url, metrics_url=server.metrics_url,
+                       key_file=server.workdir / "key_file.json", run=run, stop=stop)
+    except PackratError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    finally:
+        typer.echo("stopping TorchServe", err=True)
+        server.stop()
+
+
+def _start_torchserve(config: Path, models: list[str], run: RunOptions) -> RunningServer:
+    """TorchServe for `packrat serve`, its plugin pointed at this controller; exit 1 if it does not start."""
+    from packrat.server import Ports, read_properties, start_torchserve
+
+    try:
+        server = start_torchserve(
+            run.model_store,
+            run.state_dir / "torchserve",
+            config_template=config,
+            ports=Ports.fixed_from(read_properties(config)),
+            models=models or None,
+            # The plugin's /packrat/... on the management port forwards to this controller.
+            extra_properties={"packrat_controller_url": f"http://{_loopback(run.host)}:{run.port}"},
+        )
+    except PackratError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(
+        f"TorchServe: inference {server.inference_url}, management {server.management_url}, "
+        f"metrics {server.metrics_url}; keys in {server.workdir / 'key_file.json'}",
+        err=True,
+    )
+    return server
+
+
+def register(app: typer.Typer) -> None:
+    app.command("controller")(controller_command)
+    app.command("serve")(serve_command)
