@@ -329,7 +329,7 @@ def test_a_refused_mode_stays_refused_and_a_changed_archive_is_guarded_again(
 def test_the_next_versions_workers_load_from_the_cache(tiny_store: Path, tmp_path_factory) -> None:
     from packrat.apply.swap import Swapper
     from packrat.types import Instance, Plan
-    from serving_support import predict, start_server
+    from serving_support import predict, start_server, usable_cores
 
     store = tmp_path_factory.mktemp("cache-store")
     shutil.copytree(tiny_store / "tiny-bert", store / "cache-bert", symlinks=True)
@@ -339,7 +339,7 @@ def test_the_next_versions_workers_load_from_the_cache(tiny_store: Path, tmp_pat
             mp.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))  # the Swapper reads the status files
             client = server.management_client()
             client.register("cache-bert", "cache-bert", 1)
-            swapper = Swapper(client, store, cores=[0, 1])
+            swapper = Swapper(client, store, cores=list(usable_cores(2)))
             one = Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0),), predicted_latency_ms=0.0,
                        mode="fp32-onnxruntime")
             two = Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0), Instance(1, 2, 0.0)),

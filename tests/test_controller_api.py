@@ -19,7 +19,8 @@ from packrat.bench.loadgen import ContinuousLoad
 from packrat.plan import realizable_plan
 from packrat.profile.store import save_profile
 from packrat.types import Profile, ProfilePoint
-from serving_support import ControllerProcess, start_server
+from serving_support import ControllerProcess, start_server, usable_cores
+from waiting import wait_until
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -113,6 +114,13 @@ def _write_profile(ctl: Ctl) -> Profile:
     return prof
 
 
+def _applied_swaps(ctl) -> float:
+    """packrat_swaps_total{model=MODEL, outcome="applied"} from the controller's /metrics (0 before any)."""
+    want = f'packrat_swaps_total{{model="{MODEL}",outcome="applied"}} '
+    lines = [x for x in requests.get(f"{ctl.url}/metrics", timeout=30).text.splitlines() if x.startswith(want)]
+    return float(lines[0][len(want):]) if lines else 0.0
+
+
 def test_plan_apply_status_and_malformed_plans(stack) -> None:
     server, ctl, store = stack
     prof = _write_profile(ctl)
@@ -126,11 +134,13 @@ def test_plan_apply_status_and_malformed_plans(stack) -> None:
     assert r.json()["predicted_latency_ms"] == pytest.approx(want.predicted_latency_ms)
     assert ctl.get(f"/v1/models/{MODEL}/status").json()["version"] == version0
 
-    # Apply an explicit plan: 2 x (1 thread, batch 2).
+    # Apply an explicit plan: 2 x (1 thread, batch 2), counted in /metrics by the controller.
+    applied0 = _applied_swaps(ctl)
     r = ctl.post(f"/v1/models/{MODEL}/apply", {"instances": [{"threads": 1, "batch": 2}] * 2})
     assert r.status_code == 200, r.text
     swap = r.json()["swap"]
     assert swap["outcome"] == "applied" and swap["from_version"] == version0
+    assert _applied_swaps(ctl) == applied0 + 1
     st = ctl.get(f"/v1/models/{MODEL}/status").json()
     assert st["version"] == swap["to_version"]
     # Where the workers pin and the cores the model may use (no re-plan loop: no division,
@@ -142,7 +152,7 @@ def test_plan_apply_status_and_malformed_plans(stack) -> None:
     assert [(i["threads"], i["batch"]) for i in st["plan"]["instances"]] == [(1, 2), (1, 2)]
     # Predicted latency comes from the profile: L(1, 2) = 10 * 2^0.8.
     assert st["predicted_latency_ms"] == pytest.approx(10.0 * 2 ** 0.8, rel=1e-3)
-    assert sorted(tuple(w["affinity"]) for w in st["workers"]) == [(0,), (1,)]
+    assert sorted(tuple(w["affinity"]) for w in st["workers"]) == [(c,) for c in usable_cores(2)]
     assert all(w["as_planned"] and w["torch_threads"] == 1 for w in st["workers"])
     assert st["last_swaps"][-1]["to_version"] == swap["to_version"]
     assert st["last_swaps"][-1]["duration_s"] > 0
@@ -194,10 +204,12 @@ def test_reprofile_job_runs_in_background(stack) -> None:
     assert r.status_code == 202, r.text
     job = r.json()
     assert job["state"] in ("queued", "running")
-    deadline = time.monotonic() + 120
-    while job["state"] in ("queued", "running") and time.monotonic() < deadline:
-        time.sleep(0.5)
-        job = ctl.get(f"/v1/jobs/{job['id']}").json()
+
+    def finished() -> dict | None:
+        now = ctl.get(f"/v1/jobs/{job['id']}").json()
+        return now if now["state"] not in ("queued", "running") else None
+
+    job = wait_until(finished, 600, "the profiling job (a 30 s budget) to finish")
     assert job["state"] == "done", job
     assert job["result"]["points"] >= 1
     # The plan endpoint now uses the fresh profile (1 core profiled -> 1-thread instances).
@@ -249,9 +261,9 @@ def test_restarted_controller_finishes_a_half_done_swap(stack) -> None:
     plan = Plan(cores=2, batch=2, instances=(Instance(1, 1, 0.0),) * 2, predicted_latency_ms=0.0)
     live_dir = versions.load_version(store / live["modelUrl"])
     base = live_dir.base if live_dir is not None else live["modelUrl"]  # plain version: itself
-    half = versions.create_version(store, base, MODEL, plan, [0, 1])
+    half = versions.create_version(store, base, MODEL, plan, list(usable_cores(2)))
     client.register(half.url, MODEL, 2)  # registered, never made default
-    orphan = versions.create_version(store, base, MODEL, plan, [0, 1])  # never registered
+    orphan = versions.create_version(store, base, MODEL, plan, list(usable_cores(2)))  # never registered
     assert sorted(d["modelVersion"] for d in client.describe_all(MODEL)) == sorted(
         [live["modelVersion"], half.version])
     ctl.start()

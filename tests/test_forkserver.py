@@ -20,6 +20,7 @@ from packrat.errors import TorchServeError
 from packrat.forkserver import write_shim
 from packrat.server import DEFAULT_CONFIG, Ports, RunningServer, render_properties
 from serving_support import ensure_registered, process_alive, start_server
+from waiting import wait_until
 
 # Prints what a fresh `python worker.py` would see, then behaves as its argv asks.
 WORKER = """\
@@ -40,7 +41,7 @@ def _parent_of(pid: int) -> int:
     raise AssertionError(f"no PPid for {pid}")
 
 
-def _wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
+def _wait_gone(pid: int, timeout_s: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -73,10 +74,10 @@ def fork_server(tmp_path: Path):
                              "--parent", str(os.getpid()), "--preload", "json"], stderr=subprocess.PIPE)
     shim = tmp_path / "python"
     assert write_shim(shim, sys.executable, str(socket_path))
-    deadline = time.monotonic() + 30
-    while not socket_path.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "fork server did not start"
-        time.sleep(0.05)
+    def listening() -> bool:
+        assert proc.poll() is None, f"the fork server exited: {proc.stderr.read().decode()[-2000:]}"
+        return socket_path.exists()
+    wait_until(listening, 120, "the fork server's socket")
     (tmp_path / "worker.py").write_text(WORKER)
     try:
         yield proc, shim, tmp_path / "worker.py"
@@ -197,9 +198,27 @@ def test_the_shim_runs_python_itself_when_the_fork_server_is_gone_or_declines(fo
     assert json.loads(out)["pid"] == cold.pid
 
 
-@pytest.mark.torchserve
-def test_torchserve_workers_are_forked_and_scaled_down_with_their_shims(torchserve) -> None:
+@pytest.fixture
+def resnet_restored(torchserve):
+    """The session server's tiny-resnet, registered for the test and put back as it was
+    after it (the test unregisters it; other modules may have it registered)."""
+    client = torchserve.management_client()
+    had = "tiny-resnet" in {m["modelName"] for m in client.list_models()}
     ensure_registered(torchserve, "tiny-resnet")
+    try:
+        yield torchserve
+    finally:
+        now = "tiny-resnet" in {m["modelName"] for m in client.list_models()}
+        if had and not now:
+            ensure_registered(torchserve, "tiny-resnet")
+        elif now and not had:
+            for d in client.describe_all("tiny-resnet"):
+                client.unregister("tiny-resnet", d["modelVersion"])
+
+
+@pytest.mark.torchserve
+def test_torchserve_workers_are_forked_and_scaled_down_with_their_shims(resnet_restored) -> None:
+    torchserve = resnet_restored
     client = torchserve.management_client()
     described = client.describe("tiny-resnet")
     (worker,) = described["workers"]

@@ -32,7 +32,7 @@ from packrat.apply import versions
 from packrat.apply.swap import Swapper, pending_requests
 from packrat.types import Instance, Plan
 from reliability_support import copy_sleep_model, holding_unread, wait_for
-from serving_support import start_server
+from serving_support import start_server, usable_cores
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -67,7 +67,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
 def test_batch_held_by_a_stopped_worker_is_answered_across_a_swap(served) -> None:
     server, store = served
     client = server.management_client()
-    swapper = Swapper(client, store, cores=[0, 1])
+    swapper = Swapper(client, store, cores=list(usable_cores(2)))
     old = client.describe(MODEL)
     (pid,) = [w["pid"] for w in old["workers"]]
     url = f"{server.inference_url}/predictions/{MODEL}"
@@ -129,10 +129,10 @@ def test_retire_serves_jobs_left_in_the_queue_of_a_version_scaled_to_zero(served
     the restarted controller's attach runs) scales it up, serves them, then unregisters."""
     server, store = served
     client = server.management_client()
-    swapper = Swapper(client, store, cores=[0, 1])
+    swapper = Swapper(client, store, cores=list(usable_cores(2)))
     live = client.describe(MODEL)["modelVersion"]
     one = Plan(cores=2, batch=1, instances=(Instance(2, 1, 0.0),), predicted_latency_ms=0.0)
-    extra = versions.create_version(store, MODEL, MODEL, one, [0, 1])
+    extra = versions.create_version(store, MODEL, MODEL, one, list(usable_cores(2)))
     client.register(extra.url, MODEL, 1)
     wait_for(lambda: [w["status"] for w in client.describe(MODEL, extra.version)["workers"]] == ["READY"],
              120, "the extra version's worker")
