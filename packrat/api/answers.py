@@ -84,6 +84,11 @@ def render_swap(record: SwapRecord, plan: Plan) -> dict[str, Any]:
     return {"swap": record.to_dict(), "plan": plan.to_dict()}
 
 
+def render_tune(model: str, tune: dict[str, Any] | None) -> dict[str, Any]:
+    """GET /v1/models/{model}/tune: the running or last tune (None: never tuned here)."""
+    return {"model": model, "tune": tune}
+
+
 def render_adapt(model: str, enabled: bool, decisions: list[Any] | None = None) -> dict[str, Any]:
     """GET (with its decisions) and PUT (without) /v1/models/{model}/adapt."""
     out: dict[str, Any] = {"model": model, "enabled": enabled}

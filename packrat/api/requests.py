@@ -12,6 +12,7 @@ from fastapi import HTTPException
 from pydantic import BaseModel, Field
 
 from packrat import settings
+from packrat.jobs import Job
 from packrat.control import Controller
 from packrat.types import Plan, Policy
 
@@ -80,6 +81,13 @@ def known_model(controller: Controller, model: str) -> str:
     if model not in models:
         raise HTTPException(404, f"unknown model {model!r}; registered: {models}")
     return model
+
+
+def known_job(job: Job | None, job_id: str) -> Job:
+    """The job the controller found for `job_id`, else 404."""
+    if job is None:
+        raise HTTPException(404, f"no job {job_id!r}")
+    return job
 
 
 def replan_loop(controller: Controller, model: str) -> Policy:

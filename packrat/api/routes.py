@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi import Depends, FastAPI, Query
 from fastapi.params import Depends as DependsParam
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
@@ -50,6 +50,7 @@ from packrat.api.answers import (
     render_model,
     render_status,
     render_swap,
+    render_tune,
 )
 from packrat.api.guard import TokenGate, token_dependency
 from packrat.api.requests import (
@@ -59,6 +60,7 @@ from packrat.api.requests import (
     PlanRequest,
     ProfileRequest,
     TuneRequest,
+    known_job,
     known_model,
     replan_loop,
     requested_plan,
@@ -134,7 +136,7 @@ def _model_routes(app: FastAPI, controller: Controller, auth: Auth) -> None:
 
     @app.get("/v1/models/{model}/tune", dependencies=auth, summary="The running or last tune of a model")
     def get_tune(model: str) -> dict[str, Any]:
-        return {"model": model, "tune": controller.tune_status(known_model(controller, model))}
+        return render_tune(model, controller.tune_status(known_model(controller, model)))
 
 
 def _job_routes(app: FastAPI, controller: Controller, auth: Auth) -> None:
@@ -146,10 +148,7 @@ def _job_routes(app: FastAPI, controller: Controller, auth: Auth) -> None:
 
     @app.get("/v1/jobs/{job_id}", dependencies=auth, summary="Poll a background job")
     def get_job(job_id: str) -> jobs.Job:
-        job = controller.jobs.get(job_id)
-        if job is None:
-            raise HTTPException(404, f"no job {job_id!r}")
-        return job
+        return known_job(controller.jobs.get(job_id), job_id)
 
     @app.get("/v1/cores", dependencies=auth, summary="Usable cores (and why) and how they are divided among models")
     def cores() -> dict[str, Any]:
