@@ -14,13 +14,10 @@ printed, without a server.
 from __future__ import annotations
 
 import argparse
-import json
-import time
+from pathlib import Path
 
-import requests
-
-from packrat.observe.metrics import METRICS_QUERY
-from packrat.bench.loadgen import Step, StepLoad
+from packrat.bench.loadgen import Step
+from packrat.bench.record_metrics import key_headers, record
 
 
 def main() -> None:
@@ -33,34 +30,11 @@ def main() -> None:
                          "(survives a server restart, which issues new keys)")
     ap.add_argument("--steps", required=True, help="clients:seconds,... e.g. 1:6,8:8,2:6")
     ap.add_argument("--interval", type=float, default=0.5)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args()
-
     steps = [Step(int(c), float(d)) for c, d in (s.split(":") for s in args.steps.split(","))]
-    def headers() -> dict[str, str]:
-        token = args.token
-        if args.key_file:
-            try:
-                with open(args.key_file) as f:
-                    token = json.load(f)["inference"]["key"]
-            except (OSError, ValueError, KeyError):
-                pass  # mid-restart: send the old key; the 401 is recorded as such
-        return {"Authorization": f"Bearer {token}"} if token else {}
-
-    load = StepLoad(args.predict_url, steps, headers=headers).start()
-    t0 = load.started_s
-    with open(args.out, "w") as out:
-        while load.running:
-            t = time.monotonic()
-            try:
-                text = requests.get(f"{args.metrics_url}/metrics?{METRICS_QUERY}", timeout=5).text
-            except requests.RequestException as exc:
-                # A restarting server: record the gap as it is.
-                text = f"# scrape failed: {exc!r}"
-            out.write(json.dumps({"t": round(t - t0, 3), "clients": load.level, "text": text}) + "\n")
-            out.flush()
-            time.sleep(max(0.0, args.interval - (time.monotonic() - t)))
-    recs = load.join()
+    recs = record(args.metrics_url, args.predict_url, key_headers(args.token, args.key_file), steps,
+                  args.interval, args.out)
     bad = [r for r in recs if not r.ok]
     print(f"{len(recs)} requests, {len(bad)} failed")
 
