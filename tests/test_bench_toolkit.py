@@ -1,5 +1,6 @@
 """One bench toolkit: one percentile (pinned on a hand-computed example), one load generator,
-one machine description, and scripts that are thin command lines over packrat.bench.
+one machine description, and scripts that are thin command lines over packrat.bench (no
+function but main, at most SCRIPT_MAX_CODE_LINES lines of code).
 
 The structural checks read the source (ast or text), as tests/test_layout.py does: a
 second percentile, a script that edits sys.path or imports from tests/, or an HTTP
@@ -86,6 +87,45 @@ def test_no_script_edits_sys_path_or_imports_tests_or_another_script() -> None:
         if path_edits or wrong:
             bad[_rel(path)] = {"sys.path at lines": path_edits, "imports": wrong}
     assert bad == {}
+
+
+def _code_lines(tree: ast.Module, source: str) -> int:
+    """Lines holding code: not blank, not a comment, not the module docstring."""
+    doc = tree.body[0] if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(
+        getattr(tree.body[0], "value", None), ast.Constant) else None
+    skip = set(range(doc.lineno, doc.end_lineno + 1)) if doc else set()
+    return sum(1 for i, line in enumerate(source.splitlines(), 1)
+               if i not in skip and line.strip() and not line.strip().startswith("#"))
+
+
+def _thin(source: str) -> dict:
+    """What makes a script more than a command line: functions other than main (nested ones
+    and classes included), or more than SCRIPT_MAX_CODE_LINES lines of code."""
+    tree = ast.parse(source)
+    defined = sorted(n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                        ast.ClassDef)) and n.name != "main")
+    lines = _code_lines(tree, source)
+    return {k: v for k, v in (("defines", defined), ("code lines", lines if lines > SCRIPT_MAX_CODE_LINES else None))
+            if v}
+
+
+SCRIPT_MAX_CODE_LINES = 60
+
+
+def test_every_script_is_a_thin_command_line() -> None:
+    # parse -> call one function of packrat.bench (or packrat) -> print or write: the
+    # measurement lives in a module, where it is imported, tested and held to the
+    # function-length rule; a script that grows a helper fails here with its name.
+    fat = {_rel(p): why for p in SCRIPTS if (why := _thin(p.read_text()))}
+    assert fat == {}
+
+
+def test_the_thinness_checker_sees_a_helper_and_a_long_main() -> None:
+    assert _thin('"""Doc.\n\nMore doc."""\nimport sys\n\n\ndef main():\n    return 0\n') == {}
+    assert _thin("def main():\n    def inner():\n        pass\n\n\ndef helper():\n    pass\n") == {
+        "defines": ["helper", "inner"]}
+    long_main = "def main():\n" + "    x = 1  # set\n" * SCRIPT_MAX_CODE_LINES + "    # a comment\n\n"
+    assert _thin(long_main) == {"code lines": SCRIPT_MAX_CODE_LINES + 1}
 
 
 def test_the_checker_sees_a_path_edit_and_an_import_from_tests(tmp_path: Path) -> None:
