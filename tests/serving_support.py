@@ -143,15 +143,19 @@ class ControllerProcess:
         """Spawn and wait until the API answers (a hang guard, not a speed bound: imports
         alone take long on a busy machine)."""
         self.proc = self.spawn()
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log()
+
+        def answers() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, self.log()
             try:
-                requests.get(f"{self.url}{self.ready_path}", timeout=2)
-                return
-            except requests.ConnectionError:
-                time.sleep(0.2)
-        raise AssertionError(f"controller did not come up\n{self.log()}")
+                requests.get(f"{self.url}{self.ready_path}", timeout=10)
+                return True
+            except (requests.ConnectionError, requests.Timeout):  # not listening, or busy importing
+                return False
+
+        try:
+            wait_until(answers, self.start_timeout_s, "the controller's API to answer", step_s=0.2)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.log()}") from None
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -26,13 +26,12 @@ from packrat.observe.policy import PolicySettings
 from packrat.plan import realizable_plan
 from packrat.profile.store import save_profile
 from reliability_support import SLEEP_MODEL, copy_sleep_model, wait_for
-from serving_support import start_server, worker_pids
+from serving_support import start_server, usable_cores, worker_pids
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
 MODELS = ("alpha", "beta")
 IDLE = "gamma"  # never gets a request: moved to one 1-thread worker on the shared (last) core
-CORES = (0, 1)
 
 
 def worker_cores(server, model: str) -> set[int]:
@@ -53,6 +52,7 @@ def load(server, model: str) -> ContinuousLoad:
 
 def test_two_models_get_disjoint_cores_and_a_load_shift_moves_them(tmp_path: Path,
                                                                    monkeypatch) -> None:
+    cores = usable_cores(2)
     store = tmp_path / "store"
     store.mkdir()
     for m in (*MODELS, IDLE):
@@ -68,7 +68,7 @@ def test_two_models_get_disjoint_cores_and_a_load_shift_moves_them(tmp_path: Pat
             server.management_client().register(m, m, 1)
         settings = ControllerSettings(
             management_url=server.management_url, key_file=server.key_file, model_store=store,
-            metrics_url=server.metrics_url, state_dir=tmp_path / "state", cores=CORES, tick_s=1.0,
+            metrics_url=server.metrics_url, state_dir=tmp_path / "state", cores=cores, tick_s=1.0,
             idle_footprint_after_s=5.0)
         # The correction is off so that other work on this machine cannot change the plans.
         policy = AdaptiveLoop(AdaptSettings(policy=PolicySettings(min_dwell_s=10.0, use_correction=False)))
@@ -80,7 +80,7 @@ def test_two_models_get_disjoint_cores_and_a_load_shift_moves_them(tmp_path: Pat
         # All start as the plan for B=2 on every core: they share both cores.
         for m in (*MODELS, IDLE):
             controller.apply(m, realizable_plan(profile, 2, 2))
-        assert worker_cores(server, "alpha") == worker_cores(server, "beta") == worker_cores(server, IDLE) == {0, 1}
+        assert worker_cores(server, "alpha") == worker_cores(server, "beta") == worker_cores(server, IDLE) == set(cores)
 
         tick = threading.Thread(target=controller.run, args=(stop,), daemon=True)
         tick.start()
@@ -90,24 +90,24 @@ def test_two_models_get_disjoint_cores_and_a_load_shift_moves_them(tmp_path: Pat
         def disjoint() -> bool:
             a, b = worker_cores(server, "alpha"), worker_cores(server, "beta")
             return len(a) == 1 and len(b) == 1 and not a & b
-        wait_for(disjoint, 150, "two loaded models on disjoint cores")
+        wait_for(disjoint, 300, "two loaded models on disjoint cores")
         division = controller.cores_status()["division"]
         assert division["rule"] == "split"
         assert sorted(len(c) for c in division["shares"].values()) == [1, 1]
         reasons = {d["reason"] for m in MODELS for d in policy.decisions(m, last=50)}
         assert "cores-moved" in reasons
         # The idle model: one 1-thread worker on the shared core, its batch cap kept.
-        wait_for(lambda: worker_cores(server, IDLE) == {CORES[-1]} and len(worker_pids(server, IDLE)) == 1,
-                 120, "the idle model on the shared core")
+        wait_for(lambda: worker_cores(server, IDLE) == {cores[-1]} and len(worker_pids(server, IDLE)) == 1,
+                 300, "the idle model on the shared core")
         assert controller.model_state(IDLE).plan.shape == ((1, 1),)
 
         # Load shift: beta's clients stop. alpha takes both cores; beta keeps one
         # worker on the shared (last) core.
         beta_samples = loads.pop("beta").stop()
-        wait_for(lambda: worker_cores(server, "alpha") == {0, 1} and len(worker_pids(server, "alpha")) == 2,
-                 150, "alpha on both cores after beta's load stopped")
-        assert worker_cores(server, "beta") <= {CORES[-1]}
-        assert controller.cores_status()["division"]["shares"] == {"alpha": [0, 1]}
+        wait_for(lambda: worker_cores(server, "alpha") == set(cores) and len(worker_pids(server, "alpha")) == 2,
+                 300, "alpha on both cores after beta's load stopped")
+        assert worker_cores(server, "beta") <= {cores[-1]}
+        assert controller.cores_status()["division"]["shares"] == {"alpha": list(cores)}
         alpha_samples = loads.pop("alpha").stop()
 
         for name, samples in (("alpha", alpha_samples), ("beta", beta_samples)):

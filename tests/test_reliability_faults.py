@@ -17,11 +17,13 @@ planned, and a request that was accepted is answered.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from packrat.bench.loadgen import ContinuousLoad
 from packrat.control import Controller, ControllerSettings
 from packrat.types import Instance, Plan
 from reliability_support import copy_sleep_model, holding_unread, wait_for
-from serving_support import ControllerProcess, start_server
+from serving_support import ControllerProcess, start_server, usable_cores
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -41,6 +43,8 @@ VICTIM = "victim"
 BYSTANDER = "bystander"
 TWO = [{"threads": 1, "batch": 1}] * 2  # 2 workers x (1 thread, cap 1)
 ONE = [{"threads": 2, "batch": 1}]  # 1 worker x (2 threads, cap 1)
+# What status shows as a running swap's phase, in the order a swap goes through them.
+SWAP_PHASES = ("starting", "create", "register", "ready", "set_default", "drain", "retire")
 # Per operation and generation mode (valid / invalid inputs): ~20 operations x 2 x this.
 FUZZ_EXAMPLES = 10
 
@@ -215,6 +219,21 @@ def test_api_fuzz_answers_only_documented_statuses(stack) -> None:
     assert_bystander_untouched(bystander)
 
 
+@contextlib.contextmanager
+def in_process(ctl: Ctl, settings: ControllerSettings, **kw) -> Iterator[Controller]:
+    """A Controller in this process instead of the module's subprocess one, holding the
+    model store's lock as any controller must (one per TorchServe): the subprocess
+    controller is stopped meanwhile and started again after."""
+    ctl.kill()
+    c = Controller(settings, **kw)
+    c.acquire()
+    try:
+        yield c
+    finally:
+        c.release()
+        ctl.start()
+
+
 def test_tick_survives_any_exception(stack, tmp_path: Path) -> None:
     box, ctl, store, _ = stack
     calls = []
@@ -230,17 +249,17 @@ def test_tick_survives_any_exception(stack, tmp_path: Path) -> None:
             return b""
 
     server = box["server"]
-    c = Controller(ControllerSettings(management_url=server.management_url, key_file=server.key_file,
-                                      model_store=store, state_dir=tmp_path / "state", cores=(0, 1),
-                                      tick_s=0.05),
-                   policy=Exploding())
-    stop = threading.Event()
-    t = threading.Thread(target=c.run, args=(stop,), daemon=True)
-    t.start()
-    wait_for(lambda: len(calls) >= 6, 60, "six policy calls")
-    assert t.is_alive()  # every exception was caught; the loop goes on
-    stop.set()
-    t.join(timeout=30)
+    settings = ControllerSettings(management_url=server.management_url, key_file=server.key_file,
+                                  model_store=store, state_dir=tmp_path / "state", cores=usable_cores(2),
+                                  tick_s=0.05)
+    with in_process(ctl, settings, policy=Exploding()) as c:
+        stop = threading.Event()
+        t = threading.Thread(target=c.run, args=(stop,), daemon=True)
+        t.start()
+        wait_for(lambda: len(calls) >= 6, 120, "six policy calls")
+        assert t.is_alive()  # every exception was caught; the loop goes on
+        stop.set()
+        t.join(timeout=60)
     assert {VICTIM, BYSTANDER} <= set(calls)  # one model's failure does not starve the other
     text = c.metrics_text().decode()
     line = next(x for x in text.splitlines() if x.startswith("packrat_controller_tick_errors_total"))
@@ -250,28 +269,29 @@ def test_tick_survives_any_exception(stack, tmp_path: Path) -> None:
 def test_the_restart_watch_leaves_the_swap_lock_alone_while_nothing_is_lost(stack, tmp_path: Path) -> None:
     # It ran every tick under the swap lock, describe calls included, so an apply that
     # arrived meanwhile got 409 "a swap is already running" with no swap running.
-    box, _, store, _ = stack
+    box, ctl, store, _ = stack
     server = box["server"]
-    c = Controller(ControllerSettings(management_url=server.management_url, key_file=server.key_file,
-                                      model_store=store, state_dir=tmp_path / "state", cores=(0, 1)))
-    live = c.client.describe(VICTIM)["modelVersion"]
-    (tmp_path / "state" / "last-plans.json").write_text(json.dumps(
-        {VICTIM: {"version": live, "url": f"{VICTIM}.{live}", "plan": {"instances": TWO}}}))
+    settings = ControllerSettings(management_url=server.management_url, key_file=server.key_file,
+                                  model_store=store, state_dir=tmp_path / "state", cores=usable_cores(2))
+    with in_process(ctl, settings) as c:
+        live = c.client.describe(VICTIM)["modelVersion"]
+        (tmp_path / "state" / "last-plans.json").write_text(json.dumps(
+            {VICTIM: {"version": live, "url": f"{VICTIM}.{live}", "plan": {"instances": TWO}}}))
 
-    class CountingLock:
-        def __init__(self) -> None:
-            self.lock, self.taken = threading.Lock(), 0
+        class CountingLock:
+            def __init__(self) -> None:
+                self.lock, self.taken = threading.Lock(), 0
 
-        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-            self.taken += 1
-            return self.lock.acquire(blocking, timeout)
+            def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+                self.taken += 1
+                return self.lock.acquire(blocking, timeout)
 
-        def release(self) -> None:
-            self.lock.release()
+            def release(self) -> None:
+                self.lock.release()
 
-    c._swap_lock = CountingLock()  # type: ignore[assignment]
-    assert c.watch([VICTIM]) == []
-    assert c._swap_lock.taken == 0
+        c._swap_lock = CountingLock()  # type: ignore[assignment]
+        assert c.watch([VICTIM]) == []
+        assert c._swap_lock.taken == 0
 
 
 def test_status_shows_the_running_swap_and_a_second_apply_gets_409(stack) -> None:
@@ -282,10 +302,19 @@ def test_status_shows_the_running_swap_and_a_second_apply_gets_409(stack) -> Non
     wait_for(lambda: ctl.status()["swap_in_progress"] is not None, 30, "the swap to show in status")
     running = ctl.status()["swap_in_progress"]
     assert running["model"] == VICTIM and running["outcome"] == "running"
-    assert running["phase"] in ("starting", "create", "register", "ready", "set_default", "drain", "retire")
     r = ctl.apply(ONE)
     assert r.status_code == 409, r.text
     assert r.json()["error"] == "BusyError"
+    # The phases status shows while the swap runs go forward in the documented order
+    # (polling may miss some, never reverse them).
+    seen = [running["phase"]]
+    while t.is_alive():
+        phase = (ctl.status()["swap_in_progress"] or {}).get("phase")
+        if phase is not None and phase != seen[-1]:
+            seen.append(phase)
+        time.sleep(0.05)
+    assert all(p in SWAP_PHASES for p in seen), seen
+    assert [SWAP_PHASES.index(p) for p in seen] == sorted({SWAP_PHASES.index(p) for p in seen}), seen
     t.join(timeout=300)
     assert first["r"].status_code == 200, first["r"].text
     assert_recovered(ctl, store, TWO)
@@ -348,7 +377,7 @@ def test_controller_killed_in_retire_after_scale_to_zero_recovers(stack) -> None
     ctl.kill()
     base = versions.load_version(store / src["url"]).base
     plan = Plan(cores=2, batch=1, instances=(Instance(1, 1, 0.0),) * 2, predicted_latency_ms=0.0)
-    new = versions.create_version(store, base, VICTIM, plan, [0, 1])
+    new = versions.create_version(store, base, VICTIM, plan, list(usable_cores(2)))
     client.register(new.url, VICTIM, 2)
     wait_for(lambda: [w["status"] for w in client.describe(VICTIM, new.version)["workers"]] == ["READY"] * 2,
              120, "the new version's workers")
