@@ -530,7 +530,7 @@ class _Echo(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.skipif(not HAS_NGINX, reason="nginx not installed (apt-get install nginx-light)")
+@pytest.mark.skipif(not HAS_NGINX, reason="nginx not installed (apt-get install nginx; .ci/run installs it)")
 def test_proxy_checks_the_secret_keys_in_nginx(base, tmp_path: Path) -> None:
     backends = [ThreadingHTTPServer(("127.0.0.1", 0), _Echo) for _ in range(3)]
     for b in backends:
@@ -860,3 +860,6 @@ def test_serving_container_runs_torchserve_and_the_controller(base, pod, tmp_pat
     assert "/healthz" in served_paths
     assert health.status_code == 200, health.text
     assert health.json()["status"] == "ok" and health.json()["torchserve_reachable"] is True
+    if not HAS_NGINX:  # said, not silent: the rest of the pod passed, its proxy was not tried
+        pytest.skip("the pod passed without its auth proxy in front: nginx not installed "
+                    "(apt-get install nginx; .ci/run installs it)")
