@@ -62,8 +62,9 @@ class Setting:
 
 
 def _slot_dir_default() -> Path:
-    # Computed when read: tests and the server change TMPDIR before a worker starts.
-    return Path(tempfile.gettempdir()) / "packrat-slots"
+    # Computed when read: tests and the server change TMPDIR before a worker starts. Per user:
+    # another user could pre-create a shared name in /tmp, and the workers would refuse it.
+    return Path(tempfile.gettempdir()) / f"packrat-slots-{os.getuid()}"
 
 
 _TABLE: tuple[Setting, ...] = (
@@ -72,7 +73,7 @@ _TABLE: tuple[Setting, ...] = (
             env="PACKRAT_STATE_DIR", options=("--state-dir",)),
     Setting("slot_dir", Path, _slot_dir_default, "workers' slot locks and status files (made 0700 by the "
             "first worker; the controller must see the same one)",
-            env="PACKRAT_SLOT_DIR", shown_default="$TMPDIR/packrat-slots"),
+            env="PACKRAT_SLOT_DIR", shown_default="$TMPDIR/packrat-slots-<uid>"),
     Setting("cores", str, None, "the cores Packrat plans on, a CPU list such as 0-3,8 (unset: affinity "
             "∩ cgroup cpuset, capped by the cgroup CPU quota)", env="PACKRAT_CORES", options=("--cores",)),
     Setting("load_nice", int, 5, "extra nice levels for a new worker's load and warm-up, 0..19 (0: leave "
@@ -83,6 +84,8 @@ _TABLE: tuple[Setting, ...] = (
             "TorchServe's built-in logging (unset: packrat/log4j2.xml)", env="PACKRAT_TS_LOG_CONFIG"),
     Setting("build_cache", Path, None, "where workers keep built execution modes (unset: "
             ".packrat-build-cache/ beside the model directory)", env="PACKRAT_BUILD_CACHE"),
+    Setting("build_cache_max_mb", float, 4096.0, "the build cache's size cap in MiB: after each build the "
+            "least recently used entries no worker holds are evicted", env="PACKRAT_BUILD_CACHE_MAX_MB"),
     # -- CLI defaults shared by several commands ------------------------------------------
     Setting("model_store", Path, Path("model-store"), "TorchServe's model store", options=("--model-store",)),
     Setting("ts_config", Path, Path("config.properties"), "TorchServe config.properties (template)",

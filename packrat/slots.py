@@ -34,7 +34,8 @@ TorchServe's API does not tell: that a worker is pinned as planned, and
 whether it still has a batch in flight (TorchServe 0.12 reports only
 READY/UNLOADING per worker).
 
-The slot dir ($PACKRAT_SLOT_DIR, default `$TMPDIR/packrat-slots`) decides where
+The slot dir ($PACKRAT_SLOT_DIR, default `$TMPDIR/packrat-slots-<uid>`: per user,
+so another user who creates the name first can only lock themselves out) decides where
 a worker pins itself and what the controller believes about in-flight batches,
 so nobody else may write into it: writers create it 0700, tighten an existing
 one of theirs that others could only read, and refuse one that is a symlink,
@@ -217,7 +218,7 @@ class SlotClaim:
 
 
 def slot_root() -> Path:
-    return settings.value("slot_dir")  # $PACKRAT_SLOT_DIR, else $TMPDIR/packrat-slots
+    return settings.value("slot_dir")  # $PACKRAT_SLOT_DIR, else $TMPDIR/packrat-slots-<uid>
 
 
 def secure_dir(path: Path) -> Path:

@@ -4,6 +4,7 @@ that it is the only reader of PACKRAT_* variables."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -55,7 +56,7 @@ def test_the_environment_is_read_when_no_mapping_is_given(monkeypatch: pytest.Mo
     monkeypatch.delenv("PACKRAT_SLOT_DIR")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)  # the default is computed when read
-    assert lookup("slot_dir") == (tmp_path / "packrat-slots", "default")
+    assert lookup("slot_dir") == (tmp_path / f"packrat-slots-{os.getuid()}", "default")
 
 
 @pytest.mark.parametrize(("name", "raw", "expected"), [
@@ -83,7 +84,7 @@ def test_an_unknown_setting_is_a_key_error() -> None:
 def test_help_texts_carry_the_default() -> None:
     assert help_for("tune_budget_s") == "seconds for the whole tune of one model [180]"
     assert help_for("min_dwell_s", "seconds between automatic swaps") == "seconds between automatic swaps [60]"
-    assert help_for("slot_dir").endswith("[$TMPDIR/packrat-slots]")
+    assert help_for("slot_dir").endswith("[$TMPDIR/packrat-slots-<uid>]")
     assert help_for("cores") == settings.get("cores").help  # no default: no brackets
 
 
