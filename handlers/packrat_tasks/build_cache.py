@@ -35,10 +35,19 @@ entry are 0700, and a root that is a symlink, another user's or writable by
 others is refused (a TorchScript file is code: nobody else may plant one).
 
 Completeness: a build happens in a temporary directory beside the key's,
-under a file lock (filelock) so concurrent workers build once; a marker file
-is written last and the directory renamed into place, so a key directory
-exists only complete. A failed build removes its temporary directory and
-raises; nothing is left behind.
+under a file lock (filelock) so concurrent workers build once; every file is
+fsynced and its sha256 recorded in the entry's manifest, a marker file is
+written last, the directory renamed into place and its parent fsynced, so a
+key directory exists only complete, even after a crash. A failed build removes
+its temporary directory and raises; nothing is left behind.
+
+Trust (cache_entries.py): an entry is used only after its files match the
+manifest (size + sha256, memoised per file stamp like the archive's files); a
+mismatch, or a hit whose files fail to load (runner.load_cached), removes the
+entry and builds it once more. A worker holds the entries it loaded (a shared
+lock) and stamps their last use. After each build the cache is cut to its cap
+($PACKRAT_BUILD_CACHE_MAX_MB, default 4096), least recently used first,
+never an entry in use or being built.
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from packrat import settings
+from packrat_tasks import cache_entries
 
 log = logging.getLogger(__name__)
 
@@ -323,11 +333,49 @@ def artifact_dir(model_dir: str, mode: str, threads: int | None = None,
 
 
 def is_complete(key_dir: Path) -> bool:
+    """The marker is there (cheap; use() checks the files too)."""
     return (key_dir / COMPLETE).is_file()
 
 
+def use(key_dir: Path) -> bool:
+    """Hold the entry and check its files against its manifest; a damaged entry is
+    removed (False: build it again). True: load it."""
+    key_dir = Path(key_dir)
+    if not is_complete(key_dir) or not cache_entries.hold(key_dir):
+        return False
+    # Hashes memoised per file stamp (file_digest) beside the archives' (a hit: a stat per file).
+    why = cache_entries.verify(key_dir, lambda path: file_digest(path, key_dir.parent / "digests"))
+    if why is not None:
+        cache_entries.discard(key_dir, why)
+        return False
+    return True
+
+
+def discard(key_dir: Path, why: str) -> None:
+    """Remove an entry that failed to load (runner.load_cached builds it once more)."""
+    cache_entries.discard(Path(key_dir), why)
+
+
+def build_id(key_dir: Path) -> str:
+    """The id of the build an entry holds (new per build): a verdict on it names it."""
+    return cache_entries.manifest_id(Path(key_dir))
+
+
+def entry_file(key_dir: Path, name: str) -> Path:
+    """A file an entry names in a pointer: a plain name it holds (ValueError otherwise)."""
+    return cache_entries.entry_file(Path(key_dir), name)
+
+
+def cap_bytes() -> int:
+    return int(settings.value("build_cache_max_mb") * 1024 * 1024)
+
+
+def _sealing_digest(path: Path) -> tuple[int, bytes]:
+    return os.lstat(path).st_size, _hash_file(str(path))
+
+
 def build_once(key_dir: Path, build: Callable[[Path], None],
-               key: dict[str, Any] | None = None) -> Path:
+               key: dict[str, Any] | None = None, replace: bool = False) -> Path:
     """Return `key_dir` holding a complete build, building it first if needed.
 
     `build(tmp)` writes its files into `tmp` (an empty 0700 directory beside
@@ -335,30 +383,35 @@ def build_once(key_dir: Path, build: Callable[[Path], None],
     builds and the others wait, then load. The marker is written after
     build() returns and the directory renamed into place (atomic), so a
     reader sees a complete build or none. If build() raises, its directory
-    is removed and the exception propagates.
+    is removed and the exception propagates. An existing entry is kept if its
+    files match its manifest, else rebuilt; `replace`: rebuilt in any case
+    (a new verdict for the same key). The cache is then cut to its cap.
     """
     from filelock import FileLock
 
     key_dir = Path(key_dir)
-    if is_complete(key_dir):
+    if not replace and use(key_dir):
         return key_dir
     key_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with FileLock(str(key_dir) + ".lock"):
-        if is_complete(key_dir):  # built by another process while we waited
+        if not replace and use(key_dir):  # built by another process while we waited
             return key_dir
-        if key_dir.exists():  # not ours to trust: no marker (should not happen: rename is atomic)
-            shutil.rmtree(key_dir, ignore_errors=True)
+        if key_dir.exists() or key_dir.is_symlink():  # damaged, half or replaced: never trusted
+            cache_entries.discard(key_dir, "replaced" if replace else "incomplete")
         tmp = key_dir.parent / f".{key_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         os.mkdir(tmp, 0o700)
         try:
             build(tmp)
             if key is not None:
                 (tmp / KEY_FILE).write_text(json.dumps(key, indent=1, sort_keys=True, default=str))
-            (tmp / COMPLETE).write_text(f"{os.getpid()}\n")
+            cache_entries.seal(tmp, _sealing_digest)
             os.rename(tmp, key_dir)
+            cache_entries.fsync_dir(key_dir.parent)  # the rename itself survives a crash
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        cache_entries.hold(key_dir)
+    cache_entries.enforce_cap(key_dir.parent, cap_bytes(), keep=key_dir)
     return key_dir
 
 
@@ -366,7 +419,7 @@ def cached_build(model_dir: str, mode: str, build: Callable[[Path], None], *,
                  threads: int | None = None, extra: dict[str, Any] | None = None) -> tuple[Path, bool]:
     """artifact_dir() + build_once(); returns (directory, hit) where hit means nothing was built here."""
     key_dir = artifact_dir(model_dir, mode, threads, extra)
-    if is_complete(key_dir):
+    if use(key_dir):
         return key_dir, True
     built = False
 
@@ -379,5 +432,5 @@ def cached_build(model_dir: str, mode: str, build: Callable[[Path], None], *,
     return out, not built
 
 
-__all__ = ["archive_digest", "artifact_dir", "build_once", "cache_key", "cache_root", "cached_build",
-           "config_digest", "is_complete"]
+__all__ = ["archive_digest", "artifact_dir", "build_id", "build_once", "cache_key", "cache_root", "cached_build",
+           "cap_bytes", "config_digest", "discard", "entry_file", "is_complete", "use"]

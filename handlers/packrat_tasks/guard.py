@@ -235,7 +235,8 @@ def cached_verdict(model_dir: str | None, mode: str, kind: str,
                    config: dict[str, Any]) -> dict[str, Any] | None:
     """The GuardReport dict this archive's `mode` got before, or None (never guarded,
     no model_dir, or the cache is unusable). Keyed by build_cache: a changed
-    archive, config, library version or CPU has no verdict yet."""
+    archive, config, library version or CPU has no verdict yet. Under "artefacts":
+    the build ids of the cached files it judged (report_of() drops it)."""
     if model_dir is None:
         return None
     import json
@@ -244,7 +245,7 @@ def cached_verdict(model_dir: str | None, mode: str, kind: str,
 
     try:
         key_dir = build_cache.artifact_dir(model_dir, mode, None, _verdict_key(mode, kind, config))
-        if not build_cache.is_complete(key_dir):
+        if not build_cache.use(key_dir):  # missing, or damaged (then removed)
             return None
         verdict = json.loads((key_dir / VERDICT_FILE).read_text())
     except (OSError, ValueError) as exc:
@@ -253,23 +254,29 @@ def cached_verdict(model_dir: str | None, mode: str, kind: str,
     fields = set(GuardReport.__dataclass_fields__)
     if not isinstance(verdict, dict) or not fields <= set(verdict) or verdict.get("mode") != mode:
         return None
-    return {k: verdict[k] for k in fields}
+    return {**{k: verdict[k] for k in fields}, "artefacts": verdict.get("artefacts")}
+
+
+def report_of(verdict: dict[str, Any]) -> GuardReport:
+    return GuardReport(**{k: verdict[k] for k in GuardReport.__dataclass_fields__})
 
 
 def store_verdict(model_dir: str | None, mode: str, kind: str, config: dict[str, Any],
-                  report: GuardReport) -> str:
-    """Keep `report` for the next worker of this archive and mode; "built", or "off"
-    when there is no cache (no model_dir, or it cannot be written: the worker goes on)."""
+                  report: GuardReport, artefacts: dict[str, str] | None = None) -> str:
+    """Keep `report` for the next worker of this archive and mode, naming the builds it
+    judged (`artefacts`: what -> build id; a rebuilt file is judged again); "built",
+    or "off" when there is no cache (no model_dir, or it cannot be written: the worker
+    goes on). Replaces the verdict on earlier builds."""
     if model_dir is None:
         return "off"
     import json
 
     from packrat_tasks import build_cache
 
-    data = json.dumps(report.as_dict(), default=float)
+    data = json.dumps({**report.as_dict(), "artefacts": artefacts or {}}, default=float)
     try:
         key_dir = build_cache.artifact_dir(model_dir, mode, None, _verdict_key(mode, kind, config))
-        build_cache.build_once(key_dir, lambda tmp: (tmp / VERDICT_FILE).write_text(data))
+        build_cache.build_once(key_dir, lambda tmp: (tmp / VERDICT_FILE).write_text(data), replace=True)
     except OSError as exc:
         log.warning("accuracy guard: verdict not cached (%s)", exc)
         return "off"

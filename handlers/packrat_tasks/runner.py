@@ -4,6 +4,7 @@
     mode_name(config)      "<packrat.precision>-<packrat.runtime>" (packrat.modes.ExecutionMode)
     LazyModule             a module made on first use (a worker served from the build cache)
     cached_artifact(...)   build_cache for what a runner's mode builds
+    load_cached(...)       cached_artifact + load, a hit that fails to load rebuilt once
 
 The runtimes (runtimes/*.py), int8-static (quantize_static.py), the mode
 builders (runtime.py) and text-generation (generation.py) import this module;
@@ -16,7 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from packrat.modes import ExecutionMode
 from packrat_tasks.precision import precision_name
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def runtime_name(config: dict[str, Any]) -> str:
@@ -133,7 +135,9 @@ def cached_artifact(runner: Runner, what: str, build: Callable[[Path], None],
 
     None when the runner has no archive (an in-process caller) or the cache cannot
     be used: the caller then builds in memory as before. Records "hit" or "built"
-    under runner.info["build_cache"][what] (the worker reports it in its status).
+    under runner.info["build_cache"][what] (the worker reports it in its status), and
+    the entry's build id under runner.info["artefacts"][what]: the accuracy guard's
+    verdict names the builds it judged (runtime.build_runner).
     """
     if runner.model_dir is None:
         return None
@@ -149,5 +153,29 @@ def cached_artifact(runner: Runner, what: str, build: Callable[[Path], None],
         runner.info.setdefault("build_cache", {})[what] = "off"
         return None
     runner.info.setdefault("build_cache", {})[what] = "hit" if hit else "built"
+    runner.info.setdefault("artefacts", {})[what] = build_cache.build_id(key_dir)
     log.info("build cache %s: %s %s (%s)", "hit" if hit else "built", runner.mode, what, key_dir)
     return key_dir
+
+
+def load_cached(runner: Runner, what: str, build: Callable[[Path], None],
+                load: Callable[[Path], T]) -> T | None:
+    """load(key_dir) of cached_artifact()'s entry (None: no cache, build in memory).
+
+    A hit that fails to load (a damaged file its hashes did not show, a bad pointer)
+    is removed and built once more; the new build's id makes the guard run again.
+    What a fresh build fails with propagates.
+    """
+    from packrat_tasks import build_cache
+
+    key_dir = cached_artifact(runner, what, build)
+    if key_dir is None:
+        return None
+    try:
+        return load(key_dir)
+    except Exception as exc:  # noqa: BLE001 - any load failure of a hit: rebuild once
+        if runner.info["build_cache"][what] != "hit":
+            raise
+        build_cache.discard(key_dir, f"{what} failed to load: {exc}")
+    key_dir = cached_artifact(runner, what, build)
+    return None if key_dir is None else load(key_dir)

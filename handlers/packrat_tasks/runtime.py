@@ -165,6 +165,15 @@ def model_needed(model_dir: str | None, config: dict[str, Any], kind: str) -> bo
     return verdict is None or not verdict["ok"] or not build_cache.is_complete(onnx)
 
 
+def _guard_reference(task: Task, module: Any, th: dict[str, float]) -> tuple[Any, torch.Tensor]:
+    """(the guard's batch, fp32 eager's outputs on it); leaves task.runner set to fp32 eager."""
+    batch = task.preprocess(guard.guard_requests(task, th))
+    if not batch.valid:
+        raise ValueError(f"accuracy guard: the task refused all its guard inputs: {batch.errors}")
+    task.runner = eager_reference(materialize(module))
+    return batch, task.forward(batch).outputs.detach().clone()
+
+
 def build_runner(task: Task, module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
                  config: dict[str, Any], kind: str,
                  warmup_inputs: tuple[torch.Tensor, ...] | None = None) -> Runner:
@@ -183,29 +192,33 @@ def build_runner(task: Task, module: torch.nn.Module, example_inputs: tuple[torc
     verdict = guard.cached_verdict(model_dir, mode, kind, config) if mode != "fp32-eager" else None
     if verdict is not None and not verdict["ok"]:
         log.info("%s (cached verdict)", verdict["message"])
-        guard.enforce(guard.GuardReport(**verdict))
+        guard.enforce(guard.report_of(verdict))
     t0 = time.perf_counter()
     if mode != "fp32-eager" and verdict is None:
         # Reference first: some modes change the module in place (channels-last).
-        batch = task.preprocess(guard.guard_requests(task, th))
-        if not batch.valid:
-            raise ValueError(f"accuracy guard: the task refused all its guard inputs: {batch.errors}")
-        task.runner = eager_reference(materialize(module))
-        reference = task.forward(batch).outputs.detach().clone()
+        batch, reference = _guard_reference(task, module, th)
     guard_s = time.perf_counter() - t0
     calibration = None
     if precision_name(config) == "int8s":  # calibrated from the archive's own inputs
         calibration = quantize_static.calibration_source(task, config)
     task.runner = runner = make_runner(module, example_inputs, config, model_dir=model_dir,
                                        calibration=calibration, warmup_inputs=warmup_inputs)
+    if verdict is not None and verdict.get("artefacts") != runner.info.get("artefacts", {}):
+        # The verdict judged other builds of the cached files (one was damaged and rebuilt,
+        # or the verdict predates build ids): judge these.
+        log.info("accuracy guard: the cached verdict is for other builds of %s's files; guarding", mode)
+        t0 = time.perf_counter()
+        batch, reference = _guard_reference(task, module, th)
+        task.runner = runner
+        guard_s, verdict = time.perf_counter() - t0, None
     if batch is not None:
         t0 = time.perf_counter()
         candidate = task.forward(batch).outputs
         compare = guard.compare_classification if kind == "classification" else guard.compare_embedding
         report = compare(mode, reference, candidate, th)
         runner.guard = report.as_dict()
-        runner.info.setdefault("build_cache", {})["guard"] = guard.store_verdict(model_dir, mode, kind,
-                                                                                 config, report)
+        runner.info.setdefault("build_cache", {})["guard"] = guard.store_verdict(
+            model_dir, mode, kind, config, report, runner.info.get("artefacts"))
         runner.phases_s["guard"] = round(guard_s + time.perf_counter() - t0, 3)
         log.info("%s", report.message)
         guard.enforce(report)

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from packrat_tasks import quantize_static
-from packrat_tasks.runner import cached_artifact, materialize
+from packrat_tasks import build_cache, quantize_static
+from packrat_tasks.runner import cached_artifact, load_cached, materialize
 from packrat_tasks.runtimes.onnx_export import export_onnx
 
 if TYPE_CHECKING:
@@ -39,9 +39,12 @@ def onnx_file(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...],
                                                   precision)))
         (directory / "onnx-file").write_text(names[0])
 
-    key_dir = cached_artifact(runner, "onnx", export)
-    if key_dir is not None:
-        yield str(key_dir / (key_dir / "onnx-file").read_text().strip()), True
+    def pointed(key_dir: Path) -> str:  # the pointer names a plain file of the entry, or it is rebuilt
+        return str(build_cache.entry_file(key_dir, (key_dir / "onnx-file").read_text()))
+
+    path = load_cached(runner, "onnx", export, pointed)
+    if path is not None:
+        yield path, True
         return
     with tempfile.TemporaryDirectory(prefix="packrat-onnx-") as tmp:
         yield export_onnx(materialize(module), example_inputs, tmp, precision), False

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packrat_tasks.precision import prepare_torch
-from packrat_tasks.runner import cached_artifact
+from packrat_tasks.runner import load_cached
 from packrat_tasks.runtimes.layout import channels_last, nhwc
 
 if TYPE_CHECKING:
@@ -38,20 +38,20 @@ def build(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], con
         if directory is not None:  # the frozen graph, before the CPU-specific passes below
             torch.jit.save(built[0], str(directory / "frozen.pt"))
 
-    try:
-        key_dir = cached_artifact(runner, "torchscript", trace_and_freeze)
+    def load(key_dir: Path) -> torch.jit.ScriptModule:
+        return built[-1] if built else torch.jit.load(str(key_dir / "frozen.pt"))
+
+    try:  # a cached graph that fails to load is rebuilt once (load_cached)
+        frozen = load_cached(runner, "torchscript", trace_and_freeze, load)
     except RuntimeError as exc:  # a graph torch.jit.save cannot serialise: keep the in-memory one
         if not built:
             raise
         log.warning("frozen TorchScript not cached (%s)", exc)
-        key_dir = None
-    if built:
-        frozen = built[0]
-    elif key_dir is not None:
-        frozen = torch.jit.load(str(key_dir / "frozen.pt"))
-    else:
-        trace_and_freeze()
-        frozen = built[0]
+        frozen = None
+    if frozen is None:
+        if not built:
+            trace_and_freeze()
+        frozen = built[-1]
     if precision != "int8":  # its passes do not know quantised linear packs
         with torch.no_grad(), ctx():
             frozen = torch.jit.optimize_for_inference(frozen)
