@@ -18,10 +18,12 @@ so a worker that TorchServe restarts reads the same plan again.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +49,8 @@ DEFAULT_MAX_BATCH_DELAY_MS = 5
 # Waiting a tenth of the batch's own predicted latency to fill it costs at most that tenth.
 BATCH_FILL_FRACTION = 0.1
 MAX_BATCH_DELAY_CAP_MS = 100
+# A `.<model>.pN.tmp-*` directory this old was left by a create that was killed mid-write.
+STALE_TMP_S = 3600.0
 
 
 def batch_delay_ms(plan: Plan, given: int | None = None) -> int:
@@ -176,6 +180,7 @@ def create_version(
         )
     manifest = read_manifest(base_dir)
     config_name = (manifest.get("model") or {}).get("configFile") or CONFIG
+    sweep_stale_tmp(store, model)
     version = version or next_version(store, model)
     path = store / f"{model}.{version}"
     if path.exists():
@@ -209,6 +214,22 @@ def create_version(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return vdir
+
+
+def sweep_stale_tmp(store: Path, model: str, max_age_s: float = STALE_TMP_S) -> list[str]:
+    """Remove `.<model>.pN.tmp-*` directories older than `max_age_s`: what creates killed
+    mid-write left (the rename that completes a version never happened). A younger
+    one may be a create still running. Returns the names removed."""
+    now, removed = time.time(), []
+    for path in store.glob(f".{glob.escape(model)}.p*.tmp-*"):
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if now - st.st_mtime > max_age_s and not path.is_symlink() and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    return removed
 
 
 def _version_config(base_config: dict[str, Any], vdir: VersionDir) -> dict[str, Any]:
