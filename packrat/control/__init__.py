@@ -57,7 +57,7 @@ from packrat.control.values import (DEFAULT_STATE_DIR, ControllerSettings, Model
                                     ObservedLatency, WorkerState)
 from packrat.cores import usable_cores
 from packrat.jobs import Job, Jobs, Turns
-from packrat.types import Plan, Policy, SwapRecord
+from packrat.types import Observation, Plan, Policy, SwapRecord
 
 __all__ = ["CORES_FILE", "DEFAULT_STATE_DIR", "HEALTH_STALE_MIN_S", "HEALTH_STALE_TICKS", "HISTORY_FILE",
            "LAST_PLANS_FILE", "POLICY_STATE_FILE", "STATE_LOCK_FILE", "STORE_LOCK_FILE", "AutoTuner",
@@ -138,6 +138,10 @@ class Controller:
     def model_state(self, model: str) -> ModelState:
         """One reading of `model`'s live version: take it once per request and pass it on."""
         return read_model_state(self.client, self.settings.model_store, model)
+
+    def observe(self, model: str) -> Observation | None:
+        """Cumulative request count and latency of `model` from TorchServe's metrics port."""
+        return self.observer.observe(model)
 
     def history(self, model: str | None = None, last: int = 20) -> list[dict[str, Any]]:
         return self.swap_history.read(model, last)
