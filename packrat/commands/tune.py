@@ -36,6 +36,13 @@ def _headers(key_file: Path) -> dict[str, str]:
 def _call(method: str, url: str, key_file: Path, body: Any = None) -> Any:
     import requests
 
+    from packrat.listener import untrusted_listener
+
+    refused = untrusted_listener(url)  # before the key is read or sent
+    if refused:
+        typer.echo(f"error: {refused}. Another user may have taken the controller's port while it was "
+                   "down: stop that process and start `packrat controller`.", err=True)
+        raise typer.Exit(1)
     try:
         r = requests.request(method, url, json=body, headers=_headers(key_file), timeout=60)
     except requests.RequestException as exc:

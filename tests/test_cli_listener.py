@@ -1,0 +1,67 @@
+"""The CLI sends the management key only to a controller of the caller's own user (or
+root): another user's listener on the controller's loopback port gets no connection."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from packrat.listener import listener_uids, untrusted_listener
+
+KEY = "mgmt-Key_0123456789abcdef"
+NOBODY = 65534
+SQUATTER = """
+import socket, sys
+s = socket.socket()
+s.bind((sys.argv[1], 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+print(repr(c.recv(65536)), flush=True)
+"""
+
+
+def _python_for(uid: int) -> str:
+    for candidate in (sys.executable, "/usr/local/bin/python3", "/usr/bin/python3"):
+        try:
+            subprocess.run([candidate, "-c", ""], user=uid, group=uid, check=True, timeout=30)
+            return candidate
+        except (OSError, subprocess.CalledProcessError):
+            continue
+    pytest.skip(f"no Python that uid {uid} may run")
+
+
+def test_own_listener_is_trusted_and_others_hosts_unchecked() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert listener_uids("127.0.0.1", port) == [os.geteuid()]
+        assert untrusted_listener(f"http://127.0.0.1:{port}/v1/models") is None
+    assert listener_uids("127.0.0.1", port) == []  # closed: nothing listens, the call fails as before
+    assert untrusted_listener("http://192.0.2.1:8085") is None  # not this machine's loopback
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting another user's listener needs root")
+@pytest.mark.parametrize("address", ["127.0.0.1", "0.0.0.0"])
+def test_cli_refuses_another_users_listener(tmp_path: Path, address: str) -> None:
+    squatter = subprocess.Popen([_python_for(NOBODY), "-c", SQUATTER, address], user=NOBODY, group=NOBODY,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(squatter.stdout.readline())
+        assert "uid 65534" in (untrusted_listener(f"http://127.0.0.1:{port}") or "")
+        key_file = tmp_path / "key_file.json"
+        key_file.write_text(json.dumps({k: {"key": f"{KEY}-{k}"} for k in ("inference", "management", "API")}))
+        r = subprocess.run([sys.executable, "-m", "packrat.cli", "status", "--api", f"http://127.0.0.1:{port}",
+                            "--key-file", str(key_file)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and "uid 65534" in r.stderr and "not sent" in r.stderr, r.stderr
+    finally:
+        squatter.kill()
+        received, _ = squatter.communicate(timeout=10)
+    assert received == ""  # no connection at all
