@@ -116,3 +116,25 @@ def test_pure_stages_load_no_torch_and_no_http(module: str) -> None:
             "'packrat.control', 'packrat.observe') if m in sys.modules]; print(','.join(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == ""
+
+
+MAX_FUNCTION_LINES = 80  # a function longer than a screen and a half does more than one thing
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    long = []
+    for root in ("packrat", "handlers"):
+        for path in sorted((ROOT / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == []
+
+
+def test_the_controller_coordinator_and_the_routes_stay_thin() -> None:
+    # The coordinator delegates to one module per job; the routes parse, call and render.
+    coordinator = (ROOT / "packrat/control/__init__.py").read_text().count("\n")
+    routes = (ROOT / "packrat/api/routes.py").read_text().count("\n")
+    assert coordinator <= 300 and routes <= 260, (coordinator, routes)
