@@ -7,7 +7,7 @@
 
 Below the controller: it uses the profiler and the optimiser, never TorchServe;
 the controller applies the choice through its swap (packrat.control) and
-decides when to (re-)tune (packrat.autotune). See docs/tuning.md.
+decides when to (re-)tune (packrat.control.tuning: AutoTuner). See docs/tuning.md.
 """
 
 from __future__ import annotations
