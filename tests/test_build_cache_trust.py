@@ -23,7 +23,8 @@ import torch
 from packrat_tasks import build_cache, cache_entries  # handlers/: on the path (pyproject's pythonpath)
 from test_build_cache import _flip_byte, _load, _new_process, _scores, store  # noqa: F401 - store: a fixture
 
-ARTEFACT = {"fp32-torchscript": ("torchscript", "frozen.pt"), "fp32-onnxruntime": ("onnx", None)}
+ARTEFACT = {"fp32-torchscript": ("torchscript", "frozen.pt"), "fp32-onnxruntime": ("onnx", None),
+            "fp32-openvino": ("onnx", None)}
 
 
 def _entry(store: Path, what: str) -> Path:
@@ -54,11 +55,11 @@ def _flip(path: Path) -> None:
     _flip_byte(path, len(path.read_bytes()) // 2)
 
 
-# loads-badly: torchscript only (its load runs inside runner.load_cached; an ONNX file is
-# loaded by the runtime after the entry is handed over, so only its hashes protect it).
-@pytest.mark.parametrize(("mode", "damage"), [(m, d) for m in ARTEFACT for d in ("truncate", "flip")]
-                         + [("fp32-torchscript", "loads-badly")])
+@pytest.mark.parametrize("mode", list(ARTEFACT))
+@pytest.mark.parametrize("damage", ["truncate", "flip", "loads-badly"])
 def test_a_damaged_entry_is_removed_rebuilt_once_and_guarded_again(store: Path, mode: str, damage: str) -> None:
+    if mode.endswith("openvino"):
+        pytest.importorskip("openvino")
     what = ARTEFACT[mode][0]
     first = _load(store, mode)
     assert first.runner.info["build_cache"][what] == "built"
@@ -88,6 +89,22 @@ def test_a_damaged_entry_is_removed_rebuilt_once_and_guarded_again(store: Path, 
     third = _load(store, mode)  # the rebuilt entry and its new verdict are used as they are
     assert third.runner.info["build_cache"][what] == "hit"
     assert third.runner.info["build_cache"]["guard"] == "hit"
+
+
+def test_a_damaged_openvino_blob_is_compiled_again(store: Path) -> None:
+    pytest.importorskip("openvino")
+    first = _load(store, "fp32-openvino")
+    assert first.runner.info["build_cache"]["openvino_blob"] == "built"
+    cache = _entry(store, "onnx") / "openvino-cache"
+    (blob,) = [b for b in cache.iterdir() if not b.name.startswith(".")]
+    _flip(blob)
+    _new_process()
+    again = _load(store, "fp32-openvino")
+    assert again.runner.info["build_cache"]["onnx"] == "hit"  # the graph was intact
+    assert again.runner.info["build_cache"]["openvino_blob"] == "built"  # the blob compiled again
+    assert torch.allclose(_scores(again), _scores(first), atol=1e-5)
+    _new_process()
+    assert _load(store, "fp32-openvino").runner.info["build_cache"]["openvino_blob"] == "hit"
 
 
 def test_a_pointer_out_of_the_entry_is_refused_and_the_entry_rebuilt(store: Path) -> None:

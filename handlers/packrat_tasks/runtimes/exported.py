@@ -2,6 +2,8 @@
 
     onnx_file(...)   the exported ONNX graph (fp32, bf16, or int8 dynamically quantised)
     int8s_file(...)  the int8-static model (quantize_static.py)
+    load_model_file(...)  model_file + the runtime's load; a cached file that fails to load
+                     is removed with its entry and built once more
 
 Both are context managers yielding (path, cached): from the build cache when
 the runner has an archive, else from a temporary directory removed on exit.
@@ -12,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from packrat_tasks import build_cache, quantize_static
 from packrat_tasks.runner import cached_artifact, load_cached, materialize
@@ -25,6 +28,9 @@ if TYPE_CHECKING:
     import torch
 
     from packrat_tasks.runner import Runner
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -70,6 +76,25 @@ def model_file(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]
     if precision == "int8s":
         return int8s_file(module, example_inputs, runtime_, runner)
     return onnx_file(module, example_inputs, precision, runner)
+
+
+def load_model_file(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], precision: str,
+                    runtime_: str, runner: Runner, load: Callable[[str, bool], T]) -> T:
+    """load(path, cached) of model_file()'s file. A cached file that fails to load (damage
+    its hashes did not show: build_cache checks those first) takes its entry with it and
+    is built once more (a new build id: the guard judges it again)."""
+    handed: list[tuple[str, bool]] = []  # (path, cached) once model_file got that far
+    try:
+        with model_file(module, example_inputs, precision, runtime_, runner) as (path, cached):
+            handed.append((path, cached))
+            return load(path, cached)
+    except Exception as exc:  # noqa: BLE001 - whatever the runtime raises on a bad file
+        if not handed or not handed[0][1]:
+            raise
+        path = handed[0][0]
+        build_cache.discard(Path(path).parent, f"{runtime_} failed to load {Path(path).name}: {exc}")
+    with model_file(module, example_inputs, precision, runtime_, runner) as (path, cached):
+        return load(path, cached)
 
 
 def feeds(tensors: tuple[torch.Tensor, ...]) -> list[np.ndarray]:

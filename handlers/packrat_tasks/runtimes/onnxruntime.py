@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from packrat_tasks.precision import PrecisionError
-from packrat_tasks.runtimes.exported import feeds, model_file
+from packrat_tasks.runtimes.exported import feeds, load_model_file
 
 if TYPE_CHECKING:
     import torch
@@ -34,8 +34,9 @@ def build(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], con
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    with model_file(module, example_inputs, precision, "onnxruntime", runner) as (path, _):
-        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    session = load_model_file(module, example_inputs, precision, "onnxruntime", runner,
+                              lambda path, _: ort.InferenceSession(path, options,
+                                                                   providers=["CPUExecutionProvider"]))
     names = [i.name for i in session.get_inputs()]
     runner.info["onnxruntime"] = {"version": ort.__version__, "intra_op_num_threads": threads,
                                   "inter_op_num_threads": 1}

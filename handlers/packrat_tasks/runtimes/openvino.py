@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from packrat_tasks import build_cache
 from packrat_tasks.precision import check_bf16
-from packrat_tasks.runtimes.exported import feeds, model_file
+from packrat_tasks.runtimes.exported import feeds, load_model_file
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +50,8 @@ def compile_cached(core: Any, path: str, cache: Path, props: dict[str, Any], run
     and never read a blob another one is still writing. Once a blob for these
     properties is written, a marker names it, and while it exists later workers
     import it without the lock (the lock made a swap's workers import one after
-    the other).
+    the other). The marker records each blob's sha256 (the blob fsynced first);
+    a blob that no longer matches is removed with the marker and compiled again.
     """
     import hashlib
 
@@ -57,15 +60,12 @@ def compile_cached(core: Any, path: str, cache: Path, props: dict[str, Any], run
     marker = cache / (".written-" + hashlib.sha256(
         json.dumps(props, sort_keys=True, default=str).encode()).hexdigest()[:16])
     core.set_property({"CACHE_DIR": str(cache)})
-    try:
-        blobs = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        blobs = None
-    if isinstance(blobs, list) and blobs and all((cache / str(b)).is_file() for b in blobs):
+    if _blobs_intact(cache, marker):
         compiled = core.compile_model(path, "CPU", props)
         runner.info.setdefault("build_cache", {})["openvino_blob"] = "hit"
         return compiled
     with FileLock(str(cache) + ".lock"):
+        _blobs_intact(cache, marker)  # a damaged blob named by the marker: removed before the compile
         before = set(os.listdir(cache)) if cache.is_dir() else set()
         compiled = core.compile_model(path, "CPU", props)
         after = set(os.listdir(cache)) if cache.is_dir() else set()
@@ -74,11 +74,55 @@ def compile_cached(core: Any, path: str, cache: Path, props: dict[str, Any], run
         written = sorted(f for f in (after - before or after) if not f.startswith("."))
         if written:
             tmp = marker.with_name(f"{marker.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(written))
+            tmp.write_text(json.dumps({name: _sealed_hash(cache / name) for name in written}))
             os.replace(tmp, marker)
     os.chmod(cache, 0o700)
     runner.info.setdefault("build_cache", {})["openvino_blob"] = "built" if after - before else "hit"
     return compiled
+
+
+def _sealed_hash(blob: Path) -> str:
+    """sha256 of a blob OpenVINO wrote, after fsync (a crash cannot leave a marker naming half a blob)."""
+    fd = os.open(blob, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return build_cache.file_digest(blob, None)[1].hex()
+
+
+def _blobs_intact(cache: Path, marker: Path) -> bool:
+    """True when the marker names blobs that are all there with their recorded sha256
+    (memoised per file stamp); a damaged or missing one: blobs and marker removed, False."""
+    try:
+        blobs = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(blobs, dict) or not blobs:  # none yet, or a marker from before hashes
+        return False
+    memo = cache.parent.parent / "digests"  # <root>/<entry>/openvino-cache: the root's memo
+    names = [str(name) for name in blobs]
+    if not all(_plain(name) for name in names):
+        marker.unlink(missing_ok=True)
+        return False
+    for name in names:
+        blob = cache / name
+        try:
+            ok = (stat.S_ISREG(os.lstat(blob).st_mode)
+                  and build_cache.file_digest(blob, memo)[1].hex() == blobs[name])
+        except OSError:
+            ok = False
+        if not ok:
+            log.warning("OpenVINO blob %s is damaged or missing: compiling again", blob)
+            for other in names:
+                (cache / other).unlink(missing_ok=True)
+            marker.unlink(missing_ok=True)
+            return False
+    return True
+
+
+def _plain(name: str) -> bool:
+    return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
 
 
 def build(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], config: dict[str, Any],
@@ -89,18 +133,17 @@ def build(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], con
     if precision == "bf16":
         check_bf16()
     threads = torch.get_num_threads()
-    core = ov.Core()
     props = openvino_properties(threads, precision)
-    with model_file(module, example_inputs, precision, "openvino", runner) as (path, cached):
+    def compile_(path: str, cached: bool) -> Any:
         if cached:
             try:
-                compiled = compile_cached(core, path, Path(path).parent / "openvino-cache", props, runner)
+                return compile_cached(ov.Core(), path, Path(path).parent / "openvino-cache", props, runner)
             except OSError as exc:  # e.g. a read-only cache: compile as before, on a core without CACHE_DIR
                 log.warning("OpenVINO model cache unusable (%s): compiling without it", exc)
-                core = ov.Core()
-                compiled = core.compile_model(core.read_model(path), "CPU", props)
-        else:
-            compiled = core.compile_model(core.read_model(path), "CPU", props)
+        core = ov.Core()
+        return core.compile_model(core.read_model(path), "CPU", props)
+
+    compiled = load_model_file(module, example_inputs, precision, "openvino", runner, compile_)
     request = compiled.create_infer_request()
     runner.info["openvino"] = {
         "version": ov.__version__,
