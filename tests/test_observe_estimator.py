@@ -87,19 +87,49 @@ def test_step_jumps_straight_to_the_new_level() -> None:
     f.run(1, 10)
     assert f.out[-1].batch == 1
     est = f.run(8, 10)
-    # k s after the step the 5 s window holds k s at 8 and 5-k at 1:
-    # c = (8k + 5 - k)/5 = 2.4, 3.8, 5.2, 6.6, 8.0, 8.0, 8.0
-    assert [round(e.concurrency, 6) for e in est[:7]] == [2.4, 3.8, 5.2, 6.6, 8.0, 8.0, 8.0]
-    # EWMA(0.5) from 1: 1.7, 2.75, 3.975, 5.2875, 6.64375, 7.321875, 7.6609375
-    assert [e.ewma for e in est[:7]] == pytest.approx(
-        [1.7, 2.75, 3.975, 5.2875, 6.64375, 7.321875, 7.6609375])
-    # rounded (thresholds 1.41, 2.83, 5.66): 2, 2, 4, 4, 8, 8, 8
-    assert [e.rounded for e in est[:7]] == [2, 2, 4, 4, 8, 8, 8]
-    # once a majority has formed, B stays "ready" while votes are split
+    # k s after the step the 5 s window holds k s at 8 and 5-k at 1: c = (8k + 5 - k)/5.
+    # k=1: 2.4 >= 2·B (B = 1): the first window of a step up, which began after the sample
+    # at t=10; k=2: 3.8, the second in a row -> jump: the window restarts at t=10 and
+    # reads (2·8e6 µs) / 2 s = 8.0 -> B = 8, EWMA 8, every vote 8
+    assert [round(e.concurrency, 6) for e in est[:3]] == [2.4, 8.0, 8.0]
+    assert [e.step for e in est[:3]] == [False, True, False]
+    assert est[1].span_s == 2.0 and est[1].ewma == 8.0 and f.state.recent == (8,) * 5
+    # (the majority alone took 7 ticks: votes 2, 2, 4, 4, 8, 8, 8 had no majority
+    # of 8 before k=7.) Never 2 or 4 on the way.
+    assert [e.batch for e in est] == [1] + [8] * 9
+    # once a majority has formed, B stays "ready"
     assert all(e.ready for e in est)
-    # votes k=3: (1,1,2,2,4) .. k=6: (2,4,4,8,8) have no majority -> B holds 1;
-    # k=7: (4,4,8,8,8) -> 8. Never 2 or 4 on the way.
-    assert [e.batch for e in est[:7]] == [1, 1, 1, 1, 1, 1, 8]
+    # the restarted window grows back to 5 s: k=3..7 span 3, 4, 5, 5, 5
+    assert [e.span_s for e in est[2:7]] == [3.0, 4.0, 5.0, 5.0, 5.0]
+
+
+def test_a_step_needs_two_windows_in_a_row() -> None:
+    f = Feed()
+    f.run(2, 10)
+    # 1 s at 12 then 1 s at 0: k=1: (4·2 + 12)/5 = 4.0 >= 2·B (B = 2), a step up begins;
+    # k=2: (3·2 + 12 + 0)/5 = 3.6 < 4, not a second window: no jump, B from the votes
+    est = f.run(12, 1) + f.run(0, 1) + f.run(2, 6)
+    assert [round(e.concurrency, 6) for e in est[:2]] == [4.0, 3.6]
+    assert not any(e.step for e in est[:6])
+    # the votes (EWMA 3.0, 3.3, 3.45: rounded 4) move B to 4 at k=3; when the 12 leaves the
+    # window it reads 1.6 then 2.0, both <= 4/2: a step down, back to 2 at k=7
+    assert [e.batch for e in est] == [2, 2, 4, 4, 4, 4, 2, 2] and est[6].step
+    # the same 1 s at 12 followed by 2: k=2: (3·2 + 12 + 2)/5 = 4.0 again -> jump: the
+    # window from t=10 reads (12 + 2)/2 = 7.0 -> B = 8 (a spike that big moves B; the
+    # policy's min_stable_s is what lets it pass: test_observe_replay)
+    g = Feed()
+    g.run(2, 10)
+    est = g.run(12, 1) + g.run(2, 1)
+    assert [round(e.concurrency, 6) for e in est] == [4.0, 7.0] and est[1].step and est[1].batch == 8
+    # a 3x ratio asks for 6: neither window is a step
+    h = Feed(EstimatorSettings(step_ratio=3.0))
+    h.run(2, 10)
+    assert not any(e.step for e in h.run(12, 1) + h.run(2, 1))
+    # one window asked for: the jump comes at k=1, on the window since t=10: 12e6 µs / 1 s
+    i = Feed(EstimatorSettings(step_windows=1))
+    i.run(2, 10)
+    first = i.run(12, 1)[0]
+    assert first.step and first.concurrency == 12.0 and first.batch == 16
 
 
 def test_spike_shorter_than_the_window() -> None:
@@ -112,10 +142,13 @@ def test_spike_shorter_than_the_window() -> None:
     assert [round(e.concurrency, 6) for e in est[:6]] == [3.2] * 5 + [2.0]
     # EWMA from 2: 2.6, 2.9, 3.05, 3.125, 3.1625, 2.58125 -> rounded 2, 4, 4, 4, 4, 2
     assert [e.rounded for e in est[:6]] == [2, 4, 4, 4, 4, 2]
-    # votes: (2,2,2,2,4) 2; (2,2,2,4,4) 2; (2,2,4,4,4) 4 ... until (4,4,2,2,2) at k=8
+    # 3.2 < 2·2: no step up; votes: (2,2,2,2,4) 2; (2,2,2,4,4) 2; (2,2,4,4,4) 4
     batches = [e.batch for e in est]
-    assert batches[:8] == [2, 2, 2, 4, 4, 4, 4, 2]
-    # so B reads 4 for 4 ticks (4 s), less than the policy's min_stable_s (5 s),
+    # then B = 4 and the window reads 3.2, 3.2 (not <= 4/2), 2.0, 2.0: two windows in
+    # a row at half of B -> jump back to 2 at k=7 (the majority alone took until k=8)
+    assert batches[:8] == [2, 2, 2, 4, 4, 4, 2, 2]
+    assert [e.step for e in est[:8]] == [False] * 6 + [True, False]
+    # so B reads 4 for 3 ticks (3 s), less than the policy's min_stable_s (5 s),
     # and settles back to 2
     assert batches[-1] == 2
 
@@ -135,11 +168,27 @@ def test_load_then_idle_decays_to_one() -> None:
     f.run(8, 10)
     assert f.out[-1].batch == 8
     est = f.run(0, 15)
-    # not idle while the last requests are still in the 5 s window (t+1..t+4)
-    assert [e.idle for e in est[:6]] == [False] * 4 + [True] * 2
-    # window: 6.4, 4.8, 3.2, 1.6, 0 ... EWMA from 8: 7.2, 6.0, 4.6, 3.1, 1.55, 0.775 ...
-    assert [round(e.ewma, 4) for e in est[:6]] == [7.2, 6.0, 4.6, 3.1, 1.55, 0.775]
-    assert est[-1].batch == 1 and est[-1].ewma == pytest.approx(0.775 / 2**9)  # halved 9 more times
+    # window: 6.4, 4.8, 3.2 (<= 8/2: a step down begins after the sample at k=2),
+    # 1.6 (the second in a row) -> jump at k=4: the window from k=2 holds nothing: idle,
+    # B = 1. EWMA from 8: 7.2, 6.0, 4.6, then the post-step window's 0
+    assert [round(e.concurrency, 4) for e in est[:3]] == [6.4, 4.8, 3.2]
+    assert [round(e.ewma, 4) for e in est[:4]] == [7.2, 6.0, 4.6, 0.0]
+    # idle from k=4 on (the whole 5 s window emptied only at k=5)
+    assert [e.idle for e in est[:6]] == [False] * 3 + [True] * 3
+    assert [e.batch for e in est[:4]] == [8, 8, 8, 1] and est[3].step
+    assert est[-1].batch == 1 and est[-1].ewma == 0.0 and est[-1].idle
+
+
+def test_a_load_at_one_does_not_step_to_idle() -> None:
+    # B = 1 cannot jump lower: the window decays as it always did (the gaps of a sparse
+    # load are no step), idle once the whole 5 s window is empty
+    f = Feed()
+    f.run(1, 10)
+    est = f.run(0, 6)
+    # window 0.8, 0.6, 0.4 (<= 1/2), 0.2, 0, 0: a step down by the ratio, but B stays 1
+    assert [round(e.concurrency, 4) for e in est] == [0.8, 0.6, 0.4, 0.2, 0.0, 0.0]
+    assert not any(e.step for e in est) and [e.batch for e in est] == [1] * 6
+    assert [e.idle for e in est] == [False] * 4 + [True] * 2
 
 
 def test_counter_reset_rebaselines_and_keeps_the_estimate() -> None:

@@ -48,6 +48,8 @@ class Driver:
         self.lat += concurrency * 1e6
         plan, self.state = self.loop(self.ctx(**kw), self.state)
         json.dumps(self.state)  # the controller persists it as JSON
+        if plan is not None:  # the controller swaps it in (here at once: a new version)
+            self.plan, self.version = plan, f"{self.version}+"
         return plan
 
 
@@ -63,9 +65,9 @@ def test_steps_to_the_plan_for_the_new_batch(tmp_path: Path) -> None:
     assert plans == [None] * 10  # B = 1 and PLAN1 is the plan for 1: "same-plan"
     plans = [d.tick(8) for _ in range(20)]
     swaps = [(i, p) for i, p in enumerate(plans) if p is not None]
-    # B reads 8 at the 7th tick after the step (see the estimator test), then must hold 5 s:
-    # the swap is ordered at tick index 6 + 5 = 11, once
-    assert [i for i, _ in swaps] == [11]
+    # B reads 8 at the 2nd tick after the step (the estimator's step detector, see its
+    # test), then must hold 5 s: the swap is ordered at tick index 1 + 5 = 6, once
+    assert [i for i, _ in swaps] == [6]
     assert same_shape(swaps[0][1], PLAN8) and swaps[0][1].batch == 8
     # one JSON line per tick, the swap among them
     decisions = [json.loads(x) for x in lines]

@@ -20,6 +20,7 @@ from packrat.observe.policy import (
     PolicySettings,
     PolicyState,
     decide,
+    required_dwell_s,
     update_correction,
 )
 from packrat.types import Instance, Observation, Plan
@@ -74,16 +75,19 @@ def test_threshold_is_configurable() -> None:
 
 
 def test_dwell_after_a_swap() -> None:
+    # a gain just above the threshold waits about the whole min_dwell_s:
+    # 100/90 - 1 = 0.111 -> dwell 60 · (0.10 / 0.111)² = 60 · 0.81 = 48.6 s
+    near = plan(8, 4, 1, 2, 90.0)
     state = replace(STABLE8, last_swap_s=100.0)
-    # 130 - 100 = 30 s < 60 s dwell
-    d, _ = decide(state, ctx(130, est(8), FAT8, 100.0, THIN8))
-    assert (d.swap, d.reason) == (False, "dwell")
-    # 161 - 100 = 61 s >= 60 s
-    d, _ = decide(state, ctx(161, est(8), FAT8, 100.0, THIN8))
+    # 130 - 100 = 30 s < 48.6 s dwell
+    d, _ = decide(state, ctx(130, est(8), FAT8, 100.0, near))
+    assert (d.swap, d.reason) == (False, "dwell") and d.dwell_s == pytest.approx(48.6)
+    # 161 - 100 = 61 s >= 48.6 s
+    d, _ = decide(state, ctx(161, est(8), FAT8, 100.0, near))
     assert (d.swap, d.reason) == (True, "gain")
     # dwell also counts from when the controller says the plan came in
-    d, _ = decide(STABLE8, ctx(161, est(8), FAT8, 100.0, THIN8, active_since_s=150.0))
-    assert d.reason == "dwell"  # 161 - 150 = 11 s < 60 s
+    d, _ = decide(STABLE8, ctx(161, est(8), FAT8, 100.0, near, active_since_s=150.0))
+    assert d.reason == "dwell"  # 161 - 150 = 11 s < 48.6 s
 
 
 def test_disabled_model_never_swaps() -> None:
@@ -260,3 +264,79 @@ def test_cores_moved_swaps_despite_dwell_and_no_gain() -> None:
     assert not d.swap and d.reason == "idle"
     d, _ = decide(STABLE8, ctx(10, est(8), FAT8, 100.0, same, misplaced=True, swap_in_progress=True))
     assert not d.swap and d.reason == "swap-in-progress"
+
+
+def test_the_dwell_shrinks_with_the_gain() -> None:
+    s = PolicySettings()  # min_dwell_s 60, gain_threshold 0.10, dwell_power 2
+    # dwell(gain) = 60 · (0.10 / gain)², at most 60
+    assert required_dwell_s(0.10, s) == 60.0  # at the threshold: all of it
+    assert required_dwell_s(0.20, s) == pytest.approx(15.0)  # 60 · 0.5²
+    assert required_dwell_s(0.50, s) == pytest.approx(2.4)  # 1.5x faster: 60 · 0.2²
+    # the BERT-base: 285 ms -> 106 ms predicted, gain 1.6887:
+    # 60 · (0.1 / 1.6887)² = 60 · 0.003507 = 0.2104 s
+    assert required_dwell_s(285 / 106 - 1, s) == pytest.approx(0.2104, abs=1e-4)
+    assert required_dwell_s(None, s) == 60.0
+    # power 0: every swap waits min_dwell_s, as before the rule existed
+    assert required_dwell_s(1.7, PolicySettings(dwell_power=0.0)) == 60.0
+    # no positive threshold to scale against: min_dwell_s
+    assert required_dwell_s(0.5, PolicySettings(gain_threshold=0.0)) == 60.0
+    # THIN8 against FAT8: gain 0.25 -> 60 · 0.4² = 9.6 s after the last swap at 100
+    state = replace(STABLE8, last_swap_s=100.0)
+    d, _ = decide(state, ctx(109, est(8), FAT8, 100.0, THIN8))
+    assert (d.swap, d.reason) == (False, "dwell") and d.dwell_s == pytest.approx(9.6)
+    d, _ = decide(state, ctx(110, est(8), FAT8, 100.0, THIN8))  # 10 s >= 9.6 s
+    assert (d.swap, d.reason) == (True, "gain")
+    # a 2.7x faster plan one second after the last swap: 1 s >= 0.21 s
+    fast = plan(8, 4, 1, 2, 106.0)
+    d, _ = decide(state, ctx(101, est(8), plan(8, 1, 4, 8, 285.0), 285.0, fast))
+    assert (d.swap, d.reason, d.target) == (True, "gain", fast)
+    # below the threshold it is the gain, not the time, that holds: 100/95 - 1 = 0.053
+    d, _ = decide(state, ctx(101, est(8), FAT8, 100.0, plan(8, 4, 1, 2, 95.0)))
+    assert d.reason == "gain-below-threshold"
+
+
+def test_swaps_are_bounded_per_window() -> None:
+    # 2 swaps in any 120 s: with no dwell and a gain at every tick, the third waits
+    s = PolicySettings(min_dwell_s=0.0)
+    other = plan(8, 2, 2, 4, 50.0)
+    state, times = STABLE8, []
+    for now in range(10, 250, 10):
+        running = FAT8 if len(times) % 2 == 0 else other  # each swap lands: the other is better
+        target = other if running is FAT8 else FAT8
+        d, state = decide(state, ctx(now, est(8), running, 100.0, replace(target, predicted_latency_ms=50.0),
+                                     settings=s))
+        times += [now] if d.swap else []
+        assert d.swap or d.reason == "swap-rate"
+    # 10, 20 swap; 30..120 held (both within 120 s); 130: 10 left the window (130 - 10 = 120,
+    # not < 120) -> swap; 140: 20 left -> swap; then 250 would be next
+    assert times == [10, 20, 130, 140]
+    assert state.swap_times == (130.0, 140.0) and state.swaps == 4
+    # the bound holds cores-moved swaps too, and survives a restart (JSON state)
+    back = policy_state_from_json(json.loads(json.dumps(policy_state_to_json(state))))
+    assert back == state
+    d, _ = decide(back, ctx(150, est(8), FAT8, 100.0, FAT8, misplaced=True))
+    assert (d.swap, d.reason) == (False, "swap-rate")
+    d, _ = decide(back, ctx(250, est(8), FAT8, 100.0, FAT8, misplaced=True))  # 250 - 130 >= 120
+    assert (d.swap, d.reason) == (True, "cores-moved")
+    # a larger bound lets the third through
+    d, _ = decide(back, ctx(150, est(8), FAT8, 100.0, FAT8, misplaced=True,
+                            settings=PolicySettings(max_swaps_per_window=3)))
+    assert d.swap
+
+
+def test_load_after_idle_restarts_the_clock() -> None:
+    # The model held B=8 long ago, then went idle (t=10). Load comes back at t=12: the first
+    # ticks still read the idle prior B = 1, and its cores were given back (misplaced).
+    small, big = plan(1, 1, 1, 1, 30.0), plan(8, 2, 2, 4, 60.0)
+    d, state = decide(STABLE8, ctx(10, est(1, idle=True), FAT8, 100.0, small, misplaced=True))
+    assert d.reason == "idle" and state.seen_batch == 0 and state.seen_since_s == 10
+    # t=12, not idle, B = 1: a new value since 12, held 0 s -> not moved for B = 1
+    d, state = decide(state, ctx(12, est(1), FAT8, 100.0, small, misplaced=True))
+    assert (d.swap, d.reason, state.seen_since_s) == (False, "estimate-settling", 12)
+    # t=14 the estimator's step reads 8: held since 14; t=18.9: 4.9 s < 5
+    d, state = decide(state, ctx(14, est(8), FAT8, 100.0, big, misplaced=True))
+    d, state = decide(state, ctx(18.9, est(8), FAT8, 100.0, big, misplaced=True))
+    assert d.reason == "estimate-settling"
+    # t=19: 5 s -> moved once, straight to the plan for 8 on its cores
+    d, state = decide(state, ctx(19, est(8), FAT8, 100.0, big, misplaced=True))
+    assert (d.swap, d.reason, d.target) == (True, "cores-moved", big) and state.swaps == 1

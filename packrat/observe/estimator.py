@@ -23,6 +23,20 @@ a power of two (profiles are taken at powers of two), then the mode of the
 last k rounded values, here a strict majority (see `majority`), so one noisy
 window cannot move B and a ramp does not drag it through every level.
 
+A clear step does not wait for the majority. When `step_windows` (2)
+consecutive windows each read a concurrency at least `step_ratio` (2x)
+above, or at most 1/step_ratio of, the smoothed B, in the same direction,
+the step is taken at once: the window restarts at the last sample before
+the first of them (where the step began), B becomes that post-step
+window's concurrency rounded, and the EWMA and the votes are set to it.
+A 1 -> 8 client step reads 8 two ticks after the step (it took seven),
+and a model whose load went away (8 -> 0) reads idle on the post-step
+window four ticks after (it took five) instead of waiting for its old load
+to leave a whole window. A spike shorter than the window moves it less than
+2x and leaves B to the majority, as before (tests/data/observe/spike.jsonl).
+The jump is taken only when it changes B: a load already at B = 1 does
+not jump to idle, so a sparse load's gaps between requests are not steps.
+
 The caller owns the state (a frozen value) and the clock (the observation's
 time_s); nothing here reads time or talks to TorchServe.
 """
@@ -61,6 +75,10 @@ class EstimatorSettings:
     min_span_s: float = 1.0
     # Clamp of the estimate; plans beyond the profile make no sense.
     max_batch: int = 1024
+    # Step detector: a window this many times above or below the smoothed B...
+    step_ratio: float = 2.0
+    # ...this many windows in a row (same direction) moves B at once (module doc).
+    step_windows: int = 2
 
 
 @dataclass(frozen=True)
@@ -73,6 +91,11 @@ class EstimatorState:
     resets: int = 0  # counter resets seen (TorchServe restarts)
     voted: bool = False  # a majority has formed at least once (batch comes from data)
     latency_ms: float | None = None  # last known mean request latency (sizes the window)
+    # A step in progress: its direction (+1 up, -1 down, 0 none), how many windows in a row
+    # departed that way, and the last sample before the first of them (where it began).
+    step_dir: int = 0
+    step_count: int = 0
+    step_base: Observation | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +113,7 @@ class Estimate:
     span_s: float | None = None
     idle: bool = False  # no request arrived or finished in the window
     reset: bool = False  # counters went backwards: TorchServe restarted
+    step: bool = False  # B jumped this tick (the step detector; the window restarted at the step)
 
     @property
     def mean_service_ms(self) -> float | None:
@@ -145,6 +169,66 @@ def _went_backwards(prev: Observation, obs: Observation) -> bool:
     return q0 is not None and q1 is not None and q1 < q0
 
 
+@dataclass(frozen=True)
+class _Window:
+    """What the counters say between two samples."""
+
+    span_s: float
+    concurrency: float  # Little's law: Δ latency / Δ wall time
+    requests: float
+    mean_latency_ms: float | None
+    mean_queue_ms: float | None
+    idle: bool  # no request arrived or finished, none pending
+
+
+def _measure(base: Observation, obs: Observation) -> _Window:
+    span = obs.time_s - base.time_s
+    w = window_means(base, obs)
+    idle = w.requests == 0 and w.latency_us == 0 and not obs.pending_requests
+    return _Window(span, w.latency_us / 1e6 / span, w.requests, w.mean_latency_ms, w.mean_queue_ms, idle)
+
+
+def departs(concurrency: float, batch: int, ratio: float) -> int:
+    """+1 if `concurrency` is at least `ratio` times `batch`, -1 if at most 1/ratio of it, else 0."""
+    if concurrency >= ratio * batch:
+        return 1
+    if concurrency * ratio <= batch:
+        return -1
+    return 0
+
+
+def _pending_step(state: EstimatorState, samples: tuple[Observation, ...], concurrency: float,
+                  settings: EstimatorSettings) -> tuple[int, int, Observation | None]:
+    """(direction, windows in a row, where it began) of the step this window is part of."""
+    # Before the first majority B is the prior 1, not a measurement to step away from.
+    direction = departs(concurrency, state.batch, settings.step_ratio) if state.voted else 0
+    if direction == 0:
+        return 0, 0, None
+    if direction == state.step_dir and state.step_base is not None:
+        return direction, state.step_count + 1, state.step_base
+    return direction, 1, samples[-2]  # the step began after the previous tick's sample
+
+
+def _jump(state: EstimatorState, samples: tuple[Observation, ...], obs: Observation,
+          base: Observation, settings: EstimatorSettings) -> tuple[Estimate, EstimatorState] | None:
+    """B moved to the post-step window's value at once, or None when that would not change B."""
+    post = _measure(base, obs)
+    rounded = round_pow2(post.concurrency, settings.max_batch)
+    if rounded == state.batch:
+        return None
+    kept = (base,) + tuple(s for s in samples if s.time_s > base.time_s)
+    est = Estimate(
+        time_s=obs.time_s, model=obs.model, batch=rounded, ready=True,
+        concurrency=post.concurrency, ewma=post.concurrency, rounded=rounded,
+        request_rate=post.requests / post.span_s, mean_latency_ms=post.mean_latency_ms,
+        mean_queue_ms=post.mean_queue_ms, span_s=post.span_s, idle=post.idle, step=True,
+    )
+    latency = post.mean_latency_ms if post.mean_latency_ms is not None else state.latency_ms
+    return est, replace(state, samples=kept, ewma=post.concurrency,
+                        recent=(rounded,) * settings.mode_k, batch=rounded, voted=True,
+                        latency_ms=latency, step_dir=0, step_count=0, step_base=None)
+
+
 def estimate(
     state: EstimatorState,
     obs: Observation,
@@ -163,30 +247,31 @@ def estimate(
             # from zero, so a delta across this point is meaningless. Start a
             # new window here; keep the smoothed estimate, which is still the
             # best guess of the load.
-            new = replace(state, samples=(obs,), resets=state.resets + 1)
+            new = replace(state, samples=(obs,), resets=state.resets + 1,
+                          step_dir=0, step_count=0, step_base=None)
             return replace(hold, reset=True), new
 
     # Keep the newest sample at or before (now - window) as the base, so the
     # window spans at least the window once enough history exists.
     samples = state.samples + (obs,)
-    window = window_for(state.latency_ms, settings)
-    horizon = obs.time_s - window
+    horizon = obs.time_s - window_for(state.latency_ms, settings)
     while len(samples) >= 2 and samples[1].time_s <= horizon:
         samples = samples[1:]
-    base = samples[0]
-    span = obs.time_s - base.time_s
-    if len(samples) < 2 or span < settings.min_span_s:
+    if len(samples) < 2 or obs.time_s - samples[0].time_s < settings.min_span_s:
         return hold, replace(state, samples=samples)
 
-    w = window_means(base, obs)
-    concurrency = w.latency_us / 1e6 / span
-    idle = w.requests == 0 and w.latency_us == 0 and not obs.pending_requests
-    mean_latency_ms, mean_queue_ms = w.mean_latency_ms, w.mean_queue_ms
+    w = _measure(samples[0], obs)
+    direction, count, step_base = _pending_step(state, samples, w.concurrency, settings)
+    if count >= settings.step_windows and step_base is not None:
+        jumped = _jump(state, samples, obs, step_base, settings)
+        if jumped is not None:
+            return jumped
+        direction, count, step_base = 0, 0, None  # no change of B: watch afresh
 
     # An idle window feeds 0 into the EWMA: the estimate decays towards 1 and
     # stays there (round_pow2 clamps at 1); the policy refuses to swap on idle.
-    ewma = concurrency if state.ewma is None else (
-        settings.alpha * concurrency + (1.0 - settings.alpha) * state.ewma)
+    ewma = w.concurrency if state.ewma is None else (
+        settings.alpha * w.concurrency + (1.0 - settings.alpha) * state.ewma)
     rounded = round_pow2(ewma, settings.max_batch)
     recent = (state.recent + (rounded,))[-settings.mode_k:]
     batch = majority(recent, settings.mode_k, state.batch)
@@ -195,10 +280,11 @@ def estimate(
 
     est = Estimate(
         time_s=obs.time_s, model=obs.model, batch=batch, ready=voted,
-        concurrency=concurrency, ewma=ewma, rounded=rounded,
-        request_rate=w.requests / span, mean_latency_ms=mean_latency_ms,
-        mean_queue_ms=mean_queue_ms, span_s=span, idle=idle,
+        concurrency=w.concurrency, ewma=ewma, rounded=rounded,
+        request_rate=w.requests / w.span_s, mean_latency_ms=w.mean_latency_ms,
+        mean_queue_ms=w.mean_queue_ms, span_s=w.span_s, idle=w.idle,
     )
+    latency = w.mean_latency_ms if w.mean_latency_ms is not None else state.latency_ms
     return est, replace(state, samples=samples, ewma=ewma, recent=recent, batch=batch,
-                        voted=voted,
-                        latency_ms=mean_latency_ms if mean_latency_ms is not None else state.latency_ms)
+                        voted=voted, latency_ms=latency,
+                        step_dir=direction, step_count=count, step_base=step_base)

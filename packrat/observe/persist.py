@@ -25,6 +25,9 @@ def estimator_state_from_json(d: dict[str, Any]) -> EstimatorState:
         resets=int(d.get("resets", 0)),
         voted=bool(d.get("voted", False)),
         latency_ms=d.get("latency_ms"),
+        step_dir=int(d.get("step_dir", 0)),
+        step_count=int(d.get("step_count", 0)),
+        step_base=Observation(**d["step_base"]) if d.get("step_base") else None,
     )
 
 
@@ -39,4 +42,5 @@ def policy_state_from_json(d: dict[str, Any]) -> PolicyState:
         correction=Correction(**d.get("correction", {})),
         seen_batch=d.get("seen_batch"),
         seen_since_s=d.get("seen_since_s"),
+        swap_times=tuple(float(t) for t in d.get("swap_times", ())),
     )

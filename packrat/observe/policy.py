@@ -24,9 +24,23 @@ Rules, in order (the first that applies gives the reason):
   estimate-settling   B changed less than min_stable_s ago (a short spike
                       and its queue drain can move a 5 s window for a few
                       seconds: recorded in tests/data/observe/spike.jsonl)
-  dwell               the last swap was less than min_dwell_s ago
   gain-below-threshold  predicted gain ≤ gain_threshold
+  dwell               the last swap was less than the dwell for this gain ago:
+                        dwell(gain) = min_dwell_s · min(1, (gain_threshold / gain) ** dwell_power)
+                      min_dwell_s at the threshold, a quarter of it at twice the
+                      threshold; with the defaults (60 s, 0.10, 2) a 1.5x faster
+                      plan (gain 0.5) waits 2.4 s, a 2.7x one 0.2 s, a 1.2x one 15 s
   gain                -> swap
+  swap-rate           any swap above (cores-moved, no-active-plan, gain) is held
+                      while max_swaps_per_window swaps were ordered in the last
+                      swap_window_s (2 in 120 s: one a minute on average, two
+                      at once): the hard bound that keeps alternating load from
+                      making swap storms, whatever the gains say
+
+"B has held" counts from the tick the ready estimate last changed, idle
+counting as a value of its own: a model that gets load after being idle
+starts its clock then, so it is not moved for the idle prior B = 1 before
+the estimator (its step detector) has read the new load.
 
 Gain is a speedup minus one: L_active(B) / L_candidate(B) - 1, both
 predicted at the estimated B (0.10 = the candidate is 1.1x faster).
@@ -65,8 +79,17 @@ class PolicySettings:
     # Swap only if the candidate is predicted this much faster (0.10 = 1.1x).
     gain_threshold: float = 0.10
     # No new swap sooner than this after the last one (a swap costs seconds of
-    # 2-3x latency; the paper's own admitted cost), so noise cannot flap plans.
+    # 2-3x latency; the paper's own admitted cost), so noise cannot flap plans,
+    # for a gain at the threshold; a larger gain waits less (dwell_power).
     min_dwell_s: float = 60.0
+    # The dwell shrinks as (gain_threshold / gain) ** dwell_power: a large
+    # predicted gain pays for the swap's cost soon, and waiting costs it. 0:
+    # every swap waits min_dwell_s.
+    dwell_power: float = 2.0
+    # The hard bound on swaps of one model: at most max_swaps_per_window in any
+    # swap_window_s (2 in 120 s: one a minute on average, a burst of two).
+    swap_window_s: float = 120.0
+    max_swaps_per_window: int = 2
     # The estimated B must have held this long before a swap to its plan.
     min_stable_s: float = 5.0
     # Observed latency is trusted for the correction only this long after the
@@ -110,13 +133,17 @@ class Correction:
         return base * (1.0 + pc * max(workers - 1, 0))
 
 
+IDLE = 0  # PolicyState.seen_batch of an idle estimate (B is at least 1)
+
+
 @dataclass(frozen=True)
 class PolicyState:
     last_swap_s: float | None = None
     swaps: int = 0
     correction: Correction = field(default_factory=Correction)
-    seen_batch: int | None = None  # the estimated B of the last ready tick
+    seen_batch: int | None = None  # the estimated B of the last ready tick, IDLE when idle
     seen_since_s: float | None = None  # since when it has had that value
+    swap_times: tuple[float, ...] = ()  # swaps ordered within the last swap_window_s
 
 
 @dataclass(frozen=True)
@@ -165,6 +192,7 @@ class Decision:
     correction: Correction
     estimate: Estimate
     estimate_stable_s: float = 0.0  # how long the estimated B has held
+    dwell_s: float | None = None  # the dwell the corrected gain asks for (None: no gain)
 
     def to_json(self) -> dict:
         """One flat-ish JSON object: the structured log line and the status entry."""
@@ -186,13 +214,14 @@ class Decision:
             "corrected_gain": _r(self.corrected_gain),
             "correction_changed_choice": self.correction_changed_choice,
             "estimate_stable_s": _r(self.estimate_stable_s, 3),
+            "dwell_s": _r(self.dwell_s, 3),
             "observed_ms": _r(self.observed_ms),
             "latency_gap": _r(self.latency_gap),
             "correction": {"base": _r(c.base), "per_corunner": _r(c.per_corunner),
                            "base_samples": c.base_samples,
                            "corunner_samples": c.corunner_samples},
             "estimate": {"ready": self.estimate.ready, "idle": self.estimate.idle,
-                         "reset": self.estimate.reset,
+                         "reset": self.estimate.reset, "step": self.estimate.step,
                          "concurrency": _r(self.estimate.concurrency),
                          "ewma": _r(self.estimate.ewma), "rounded": self.estimate.rounded,
                          "request_rate": _r(self.estimate.request_rate),
@@ -227,22 +256,29 @@ def update_correction(corr: Correction, ratio: float, workers: int,
                    last_ratio=r)
 
 
-def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyState]:
-    """One tick of the re-plan decision. Pure."""
-    s = ctx.settings
+def required_dwell_s(gain: float | None, settings: PolicySettings) -> float:
+    """The dwell before a swap with this corrected gain (module doc): min_dwell_s at the
+    threshold, shrinking as (gain_threshold / gain) ** dwell_power above it."""
+    if gain is None or settings.gain_threshold <= 0 or gain <= settings.gain_threshold:
+        return settings.min_dwell_s  # no positive threshold to scale against
+    return settings.min_dwell_s * (settings.gain_threshold / gain) ** settings.dwell_power
+
+
+def _held(state: PolicyState, ctx: PolicyContext) -> tuple[int | None, float | None, float]:
+    """(value, since when, seconds held) of the ready estimate; idle is a value of its own."""
     est = ctx.estimate
-    cur = ctx.current
-    since = _since(state, ctx)
-
-    # 0. How long has the estimate held its value?
     seen_batch, seen_since = state.seen_batch, state.seen_since_s
-    if est.ready and est.batch != seen_batch:
-        seen_batch, seen_since = est.batch, ctx.now_s
-    stable_for = ctx.now_s - seen_since if seen_since is not None else 0.0
+    value = IDLE if est.idle else est.batch
+    if est.ready and value != seen_batch:
+        seen_batch, seen_since = value, ctx.now_s
+    return seen_batch, seen_since, (ctx.now_s - seen_since if seen_since is not None else 0.0)
 
-    # 1. Learn the contention gap from the active plan, once settled at its own load.
-    corr = state.correction
-    gap = None
+
+def _learn(corr: Correction, ctx: PolicyContext,
+           since: float | None) -> tuple[Correction, float | None, float | None]:
+    """Learn the contention gap from the active plan, once settled at its own load:
+    (correction, observed/predicted - 1 or None, observed ms)."""
+    s, est, cur = ctx.settings, ctx.estimate, ctx.current
     settled = since is None or ctx.now_s - since >= s.settle_s
     # "At its own load" means now, not just the smoothed B: right after a load
     # step the estimate still reads the old B for seconds while the latency
@@ -256,17 +292,34 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
     # how fast instances run side by side.
     observed = est.mean_service_ms if est.mean_service_ms is not None else est.mean_latency_ms
     enough = (est.request_rate or 0.0) * (est.span_s or 0.0) >= s.min_requests
-    if (cur is not None and not ctx.swap_in_progress and est.ready and not est.idle
-            and observed is not None and observed > 0 and steady and settled and enough
-            and cur.predicted_latency_ms > 0):
-        ratio = observed / cur.predicted_latency_ms
-        corr = update_correction(corr, ratio, len(cur.instances), s)
-        gap = ratio - 1.0
+    if (cur is None or ctx.swap_in_progress or not est.ready or est.idle or observed is None
+            or observed <= 0 or not (steady and settled and enough) or cur.predicted_latency_ms <= 0):
+        return corr, None, observed
+    ratio = observed / cur.predicted_latency_ms
+    return update_correction(corr, ratio, len(cur.instances), s), ratio - 1.0, observed
+
+
+@dataclass(frozen=True)
+class _Scores:
+    """The optimiser's choice as profiled, and the best candidate once corrected."""
+
+    raw: Plan | None  # candidates[0]
+    chosen: Plan | None  # the corrected choice
+    cur_ms: float | None
+    raw_ms: float | None
+    gain: float | None
+    ccur_ms: float | None
+    cch_ms: float | None
+    cgain: float | None
+    changed: bool  # the correction changed the choice or whether to swap
+
+
+def _score(ctx: PolicyContext, corr: Correction) -> _Scores:
+    s, cur = ctx.settings, ctx.current
 
     def f(plan: Plan) -> float:
         return corr.factor(len(plan.instances), s.min_correction_samples) if s.use_correction else 1.0
 
-    # 2. Score: the optimiser's choice as profiled, and the best once corrected.
     raw = ctx.candidates[0] if ctx.candidates else None
     chosen = (min(ctx.candidates, key=lambda p: p.predicted_latency_ms * f(p))
               if ctx.candidates else None)
@@ -282,54 +335,67 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
 
     changed = (would_swap(gain, raw) != would_swap(cgain, chosen)
                or (would_swap(gain, raw) and not same_shape(raw, chosen)))
+    return _Scores(raw, chosen, cur_ms, raw_ms, gain, ccur_ms, cch_ms, cgain, changed)
 
-    # 3. The rules, first match wins.
-    swap = False
+
+def _rule(ctx: PolicyContext, sc: _Scores, stable_for: float, since: float | None) -> tuple[bool, str]:
+    """(swap, reason): the module doc's rules up to "gain", first match wins."""
+    s, est, cur = ctx.settings, ctx.estimate, ctx.current
+    settling = stable_for < s.min_stable_s
     if not ctx.enabled:
-        reason = "disabled"
-    elif ctx.swap_in_progress:
-        reason = "swap-in-progress"
-    elif not est.ready:
-        reason = "warming-up"
-    elif est.idle:
-        reason = "idle"
-    elif chosen is None:
-        reason = "no-plan"
-    elif cur is not None and ctx.misplaced:
-        if stable_for < s.min_stable_s:
-            reason = "estimate-settling"
-        else:
-            swap, reason = True, "cores-moved"
-    elif cur is None:
+        return False, "disabled"
+    if ctx.swap_in_progress:
+        return False, "swap-in-progress"
+    if not est.ready:
+        return False, "warming-up"
+    if est.idle:
+        return False, "idle"
+    if sc.chosen is None:
+        return False, "no-plan"
+    if cur is None or ctx.misplaced:
         # The first plan, too, waits for B to hold: the first majority can
         # form while the window still covers the quiet time before the load.
-        if stable_for < s.min_stable_s:
-            reason = "estimate-settling"
-        else:
-            swap, reason = True, "no-active-plan"
-    elif cur_ms is None:
-        reason = "no-prediction"
-    elif same_shape(cur, chosen):
-        reason = "same-plan"
-    elif stable_for < s.min_stable_s:
-        reason = "estimate-settling"
-    elif since is not None and ctx.now_s - since < s.min_dwell_s:
-        reason = "dwell"
-    elif cgain is None or cgain <= s.gain_threshold:
-        reason = "gain-below-threshold"
-    else:
-        swap, reason = True, "gain"
+        if settling:
+            return False, "estimate-settling"
+        return True, "no-active-plan" if cur is None else "cores-moved"
+    if sc.cur_ms is None:
+        return False, "no-prediction"
+    if same_shape(cur, sc.chosen):
+        return False, "same-plan"
+    if settling:
+        return False, "estimate-settling"
+    if sc.cgain is None or sc.cgain <= s.gain_threshold:
+        return False, "gain-below-threshold"
+    if since is not None and ctx.now_s - since < required_dwell_s(sc.cgain, s):
+        return False, "dwell"
+    return True, "gain"
+
+
+def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyState]:
+    """One tick of the re-plan decision. Pure."""
+    s, est, cur = ctx.settings, ctx.estimate, ctx.current
+    since = _since(state, ctx)
+    seen_batch, seen_since, stable_for = _held(state, ctx)
+    corr, gap, observed = _learn(state.correction, ctx, since)
+    sc = _score(ctx, corr)
+    swap, reason = _rule(ctx, sc, stable_for, since)
+    recent = tuple(t for t in state.swap_times if ctx.now_s - t < s.swap_window_s)
+    if swap and len(recent) >= s.max_swaps_per_window:
+        swap, reason = False, "swap-rate"
 
     decision = Decision(
         time_s=ctx.now_s, model=ctx.model, swap=swap, reason=reason,
         estimated_batch=est.batch, active_batch=cur.batch if cur else None,
-        target=chosen if swap else None, optimiser_choice=raw,
-        current_ms=cur_ms, candidate_ms=raw_ms, predicted_gain=gain,
-        corrected_current_ms=ccur_ms, corrected_candidate_ms=cch_ms, corrected_gain=cgain,
-        correction_changed_choice=changed, observed_ms=observed,
+        target=sc.chosen if swap else None, optimiser_choice=sc.raw,
+        current_ms=sc.cur_ms, candidate_ms=sc.raw_ms, predicted_gain=sc.gain,
+        corrected_current_ms=sc.ccur_ms, corrected_candidate_ms=sc.cch_ms, corrected_gain=sc.cgain,
+        correction_changed_choice=sc.changed, observed_ms=observed,
         latency_gap=gap, correction=corr, estimate=est, estimate_stable_s=stable_for,
+        dwell_s=required_dwell_s(sc.cgain, s) if sc.cgain is not None else None,
     )
-    new_state = replace(state, correction=corr, seen_batch=seen_batch, seen_since_s=seen_since)
+    new_state = replace(state, correction=corr, seen_batch=seen_batch, seen_since_s=seen_since,
+                        swap_times=recent)
     if swap:
-        new_state = replace(new_state, last_swap_s=ctx.now_s, swaps=state.swaps + 1)
+        new_state = replace(new_state, last_swap_s=ctx.now_s, swaps=state.swaps + 1,
+                            swap_times=recent + (ctx.now_s,))
     return decision, new_state
