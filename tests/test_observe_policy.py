@@ -249,15 +249,25 @@ def test_decision_json_and_state_round_trip() -> None:
 
 def test_cores_moved_swaps_despite_dwell_and_no_gain() -> None:
     # The model's cores were divided anew: its plan runs outside them. It moves even
-    # right after a swap (dwell) and to the same shape (no gain), once B has held.
+    # right after a swap (dwell) and to the same shape (no gain), once B has held and the
+    # cores have been elsewhere for min_stable_s (5 s) too.
     just_swapped = replace(STABLE8, last_swap_s=9.0)
     same = plan(8, 1, 4, 8, 100.0)
     d, _ = decide(just_swapped, ctx(10, est(8), FAT8, 100.0, same))
     assert not d.swap and d.reason == "same-plan"
-    d, _ = decide(just_swapped, ctx(10, est(8), FAT8, 100.0, same, misplaced=True))
+    # misplaced from t=10: 0 s, then 14.9 - 10 = 4.9 s < 5 s
+    d, st = decide(just_swapped, ctx(10, est(8), FAT8, 100.0, same, misplaced=True))
+    assert (d.swap, d.reason, st.misplaced_since_s) == (False, "cores-settling", 10)
+    d, st = decide(st, ctx(14.9, est(8), FAT8, 100.0, same, misplaced=True))
+    assert (d.swap, d.reason) == (False, "cores-settling")
+    d, st = decide(st, ctx(15, est(8), FAT8, 100.0, same, misplaced=True))  # 5 s
     assert d.swap and d.reason == "cores-moved" and d.target == same
-    # ... but not while B settles, nor while idle or during a swap.
-    settling = PolicyState(seen_batch=8, seen_since_s=8.0)
+    # back inside its cores, the clock stops: a new misplacement starts it again
+    _, st = decide(st, ctx(16, est(8), same, 100.0, same))
+    assert st.misplaced_since_s is None
+    # ... but not while B settles (even with the cores long elsewhere), nor while idle or
+    # during a swap.
+    settling = PolicyState(seen_batch=8, seen_since_s=8.0, misplaced_since_s=0.0)
     d, _ = decide(settling, ctx(10, est(8), FAT8, 100.0, same, misplaced=True))
     assert not d.swap and d.reason == "estimate-settling"
     d, _ = decide(STABLE8, ctx(10, est(8, idle=True), FAT8, 100.0, same, misplaced=True))
@@ -314,6 +324,7 @@ def test_swaps_are_bounded_per_window() -> None:
     # the bound holds cores-moved swaps too, and survives a restart (JSON state)
     back = policy_state_from_json(json.loads(json.dumps(policy_state_to_json(state))))
     assert back == state
+    back = replace(back, misplaced_since_s=0.0)  # its cores moved long ago
     d, _ = decide(back, ctx(150, est(8), FAT8, 100.0, FAT8, misplaced=True))
     assert (d.swap, d.reason) == (False, "swap-rate")
     d, _ = decide(back, ctx(250, est(8), FAT8, 100.0, FAT8, misplaced=True))  # 250 - 130 >= 120

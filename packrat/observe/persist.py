@@ -43,4 +43,5 @@ def policy_state_from_json(d: dict[str, Any]) -> PolicyState:
         seen_batch=d.get("seen_batch"),
         seen_since_s=d.get("seen_since_s"),
         swap_times=tuple(float(t) for t in d.get("swap_times", ())),
+        misplaced_since_s=d.get("misplaced_since_s"),
     )

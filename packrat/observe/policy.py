@@ -16,7 +16,12 @@ Rules, in order (the first that applies gives the reason):
   cores-moved         the active plan's workers run outside the cores the model
                       now has (packrat.plan.share: cores divided among models)
                       -> swap to the best plan on its cores, once B has held
-                      min_stable_s; neither dwell nor the gain threshold apply
+                      min_stable_s and the cores have been elsewhere for
+                      min_stable_s too (else "cores-settling": when load moves
+                      from one model to another, the new one's first ticks
+                      split the cores while the old one's load is still in its
+                      window; seconds later the old one reads idle and needs no
+                      move); neither dwell nor the gain threshold apply
   no-active-plan      nothing applied yet -> swap (the initial plan), once B
                       has held min_stable_s
   no-prediction       the active plan cannot be scored at this B
@@ -144,6 +149,7 @@ class PolicyState:
     seen_batch: int | None = None  # the estimated B of the last ready tick, IDLE when idle
     seen_since_s: float | None = None  # since when it has had that value
     swap_times: tuple[float, ...] = ()  # swaps ordered within the last swap_window_s
+    misplaced_since_s: float | None = None  # since when the plan runs outside the model's cores
 
 
 @dataclass(frozen=True)
@@ -338,7 +344,8 @@ def _score(ctx: PolicyContext, corr: Correction) -> _Scores:
     return _Scores(raw, chosen, cur_ms, raw_ms, gain, ccur_ms, cch_ms, cgain, changed)
 
 
-def _rule(ctx: PolicyContext, sc: _Scores, stable_for: float, since: float | None) -> tuple[bool, str]:
+def _rule(ctx: PolicyContext, sc: _Scores, stable_for: float, moved_for: float,
+          since: float | None) -> tuple[bool, str]:
     """(swap, reason): the module doc's rules up to "gain", first match wins."""
     s, est, cur = ctx.settings, ctx.estimate, ctx.current
     settling = stable_for < s.min_stable_s
@@ -357,6 +364,8 @@ def _rule(ctx: PolicyContext, sc: _Scores, stable_for: float, since: float | Non
         # form while the window still covers the quiet time before the load.
         if settling:
             return False, "estimate-settling"
+        if cur is not None and moved_for < s.min_stable_s:
+            return False, "cores-settling"
         return True, "no-active-plan" if cur is None else "cores-moved"
     if sc.cur_ms is None:
         return False, "no-prediction"
@@ -378,7 +387,10 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
     seen_batch, seen_since, stable_for = _held(state, ctx)
     corr, gap, observed = _learn(state.correction, ctx, since)
     sc = _score(ctx, corr)
-    swap, reason = _rule(ctx, sc, stable_for, since)
+    misplaced_since = (state.misplaced_since_s if state.misplaced_since_s is not None else ctx.now_s
+                       ) if ctx.misplaced else None
+    moved_for = ctx.now_s - misplaced_since if misplaced_since is not None else 0.0
+    swap, reason = _rule(ctx, sc, stable_for, moved_for, since)
     recent = tuple(t for t in state.swap_times if ctx.now_s - t < s.swap_window_s)
     if swap and len(recent) >= s.max_swaps_per_window:
         swap, reason = False, "swap-rate"
@@ -394,7 +406,7 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
         dwell_s=required_dwell_s(sc.cgain, s) if sc.cgain is not None else None,
     )
     new_state = replace(state, correction=corr, seen_batch=seen_batch, seen_since_s=seen_since,
-                        swap_times=recent)
+                        swap_times=recent, misplaced_since_s=misplaced_since)
     if swap:
         new_state = replace(new_state, last_swap_s=ctx.now_s, swaps=state.swaps + 1,
                             swap_times=recent + (ctx.now_s,))
