@@ -99,7 +99,8 @@ _TABLE: tuple[Setting, ...] = (
             options=("--host",)),
     Setting("api_port", int, 8085, "the controller's REST API port", options=("--port",)),
     Setting("api_url", str, "http://127.0.0.1:8085", "the controller's REST API", options=("--api",)),
-    Setting("min_dwell_s", float, 60.0, "seconds between automatic swaps", options=("--min-dwell",)),
+    Setting("min_dwell_s", float, 60.0, "seconds between automatic swaps for a gain at the threshold (a "
+            "larger predicted gain waits less: docs/observe.md)", options=("--min-dwell",)),
     Setting("tune_budget_s", float, 180.0, "seconds for the whole tune of one model",
             options=("--tune-budget", "--budget")),
     Setting("tune_point_budget_s", float, 5.0, "seconds per profiled point in a tune",
