@@ -267,7 +267,7 @@ def required_dwell_s(gain: float | None, settings: PolicySettings) -> float:
     threshold, shrinking as (gain_threshold / gain) ** dwell_power above it."""
     if gain is None or settings.gain_threshold <= 0 or gain <= settings.gain_threshold:
         return settings.min_dwell_s  # no positive threshold to scale against
-    return settings.min_dwell_s * (settings.gain_threshold / gain) ** settings.dwell_power
+    return settings.min_dwell_s * min(1.0, (settings.gain_threshold / gain) ** settings.dwell_power)
 
 
 def _held(state: PolicyState, ctx: PolicyContext) -> tuple[int | None, float | None, float]:
@@ -278,6 +278,13 @@ def _held(state: PolicyState, ctx: PolicyContext) -> tuple[int | None, float | N
     if est.ready and value != seen_batch:
         seen_batch, seen_since = value, ctx.now_s
     return seen_batch, seen_since, (ctx.now_s - seen_since if seen_since is not None else 0.0)
+
+
+def _misplaced_since(state: PolicyState, ctx: PolicyContext) -> float | None:
+    """Since when the active plan has run outside the model's cores (None: it does not)."""
+    if not ctx.misplaced:
+        return None
+    return state.misplaced_since_s if state.misplaced_since_s is not None else ctx.now_s
 
 
 def _learn(corr: Correction, ctx: PolicyContext,
@@ -387,8 +394,7 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
     seen_batch, seen_since, stable_for = _held(state, ctx)
     corr, gap, observed = _learn(state.correction, ctx, since)
     sc = _score(ctx, corr)
-    misplaced_since = (state.misplaced_since_s if state.misplaced_since_s is not None else ctx.now_s
-                       ) if ctx.misplaced else None
+    misplaced_since = _misplaced_since(state, ctx)
     moved_for = ctx.now_s - misplaced_since if misplaced_since is not None else 0.0
     swap, reason = _rule(ctx, sc, stable_for, moved_for, since)
     recent = tuple(t for t in state.swap_times if ctx.now_s - t < s.swap_window_s)
