@@ -245,6 +245,12 @@ def test_decision_json_and_state_round_trip() -> None:
     es = EstimatorState(samples=(Observation(1.0, "m", 2.0, 3.0, 0.5, None),), ewma=2.5,
                         recent=(2, 4), batch=2, resets=1, voted=True, latency_ms=12.5)
     assert estimator_state_from_json(json.loads(json.dumps(estimator_state_to_json(es)))) == es
+    # a restart in the middle of a step (one window departed) resumes it, and the swap
+    # bound and the misplacement clock survive too
+    mid = replace(es, step_dir=1, step_count=1, step_base=Observation(0.0, "m", 1.0, 2.0, None, 3))
+    assert estimator_state_from_json(json.loads(json.dumps(estimator_state_to_json(mid)))) == mid
+    ps = replace(st, swap_times=(3.0, 10.0), misplaced_since_s=4.0, seen_batch=0)
+    assert policy_state_from_json(json.loads(json.dumps(policy_state_to_json(ps)))) == ps
 
 
 def test_cores_moved_swaps_despite_dwell_and_no_gain() -> None:
