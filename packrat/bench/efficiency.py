@@ -1,0 +1,291 @@
+"""Account for every millisecond (issue 35, item 1): one model, mode, plan and payload,
+measured three ways side by side in one run, interleaved over R rounds:
+
+    for each round:
+        raw      the plan's workers as pinned profiler workers (packrat.profile.worker,
+                 scope "model": the handler's own runner, forward only, inputs
+                 preprocessed once), all of them at once on the plan's cores
+        handler  the same workers, scope "handler": decode, preprocess, forward and
+                 postprocess of the payload, in process
+        served   C closed-loop clients (packrat.bench.loadgen) through a real TorchServe,
+                 the plan live by the controller's live-plan swap (Controller.apply, as
+                 packrat.bench.run does); CPU time of every process over the measured
+                 window from /proc (packrat.bench.proc_cpu)
+
+Each figure is a throughput in items per second (a served request is one item; a raw
+or handler call of batch b is b items), with p50/p99 (raw and handler: per batch call;
+served: per request) and CPU milliseconds per item. Rows go to <out>/results.jsonl as
+they land; packrat.bench.efficiency_report reads only that file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from packrat.bench.loadgen import Target, closed_loop
+from packrat.bench.results import ResultLog
+from packrat.errors import ConfigError, ProfileError
+from packrat.modes import ExecutionMode
+from packrat.types import Plan
+
+# The profiler's stop rule made a fixed-duration one: a CI this narrow is never reached,
+# so every point runs for its whole budget and the rounds stay comparable.
+_FIXED_DURATION = {"rel_ci": 1e-6, "confidence": 0.95, "min_count": 5, "max_count": 10**7}
+_SHAPE = re.compile(r"^\s*(\d+)\s*x\s*\(\s*(?:t(\d+)|(\d+)t)\s*,\s*b(\d+)\s*\)\s*$")
+
+
+@dataclass(frozen=True)
+class EfficiencySettings:
+    model: str  # a named architecture (packrat.archive) or an archive directory
+    out: Path
+    mode: str = "fp32-eager"
+    plan: str = "2x(t1,b4)"  # n x (threads, batch cap), "+"-joined for mixed thread counts
+    clients: int | None = None  # None: the plan's load batch (sum of the caps)
+    rounds: int = 3
+    seconds: float = 10.0  # each raw and each handler point, warm-up included
+    served_s: float = 20.0  # each served window
+    warm_s: float = 60.0  # served load before the first round (TorchServe's JVM compiles its path)
+    rewarm_s: float = 3.0  # served load, not measured, before every round's window
+    max_length: int | None = None  # text models: the payload's tokens (None: the archive's)
+    controller_pid: int | None = None  # a running controller whose CPU to read too
+    command: str = ""
+
+
+def parse_plan(text: str) -> list[tuple[int, int]]:
+    """"2x(t1,b4)" or "1x(t2,b4)+1x(t1,b4)" (also "2x(1t,b4)") -> [(threads, cap), ...]."""
+    shape: list[tuple[int, int]] = []
+    for part in text.split("+"):
+        m = _SHAPE.match(part)
+        if not m:
+            raise ConfigError(f"plan {text!r}: each part must read like 2x(t1,b4)")
+        n, threads, cap = int(m[1]), int(m[2] or m[3]), int(m[4])
+        if min(n, threads, cap) < 1:
+            raise ConfigError(f"plan {text!r}: counts must be >= 1")
+        shape += [(threads, cap)] * n
+    return shape
+
+
+def core_blocks(shape: list[tuple[int, int]], cores: tuple[int, ...]) -> list[list[int]]:
+    """Consecutive usable cores for each worker, as many as its threads."""
+    need = sum(t for t, _ in shape)
+    if need > len(cores):
+        raise ConfigError(f"the plan needs {need} cores, this process may use {len(cores)}")
+    blocks, at = [], 0
+    for threads, _ in shape:
+        blocks.append(list(cores[at:at + threads]))
+        at += threads
+    return blocks
+
+
+# -- raw and handler: pinned profiler workers ---------------------------------------------
+
+
+def time_in_process(archive_dir: Path, config: dict[str, Any], shape: list[tuple[int, int]],
+                    blocks: list[list[int]], scope: str, seconds: float, log_path: Path) -> dict[str, Any]:
+    """All of the plan's workers at once, each timing its batch cap for `seconds` in `scope`."""
+    from packrat.profile.runner import run_worker
+
+    rule = {**_FIXED_DURATION, "point_budget_s": seconds, "warmup_s": min(1.0, seconds / 4)}
+    points: list[dict[str, Any] | None] = [None] * len(shape)
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        threads, cap = shape[k]
+        job = {"archive_dir": str(archive_dir), "config": config, "threads": threads, "cores": blocks[k],
+               "batches": [cap], "scope": scope, "rule": rule, "budget_s": None}
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event["event"] == "point":
+                points[k] = event
+
+        try:
+            run_worker(job, on_event, log_path)
+        except BaseException as exc:  # noqa: BLE001 - raised below, once every worker stopped
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(k,), name=f"efficiency-{scope}-{k}") for k in range(len(shape))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors or any(p is None for p in points):
+        raise ProfileError(f"{scope}: a worker measured nothing: {errors[0] if errors else 'no point'}")
+    return level_row([p for p in points if p is not None], blocks)
+
+
+def level_row(points: list[dict[str, Any]], blocks: list[list[int]]) -> dict[str, Any]:
+    """One level's figures from its workers' points: throughput summed (they ran at once),
+    p50/p99 of the slowest, CPU per item from each worker's own process time."""
+    instances, items_per_s, cpu_ms_per_s = [], 0.0, 0.0
+    for p, cores in zip(points, blocks):
+        meta = p["meta"]
+        calls = p["count"] + meta["warmup_calls"]
+        # cpu_share is process CPU / (wall x threads) over warm-up + measurement.
+        cpu_ms_per_call = meta["cpu_share"] * p["threads"] * meta["elapsed_s"] * 1000.0 / calls
+        items_per_s += p["batch"] * 1000.0 / p["mean_ms"]
+        cpu_ms_per_s += cpu_ms_per_call * 1000.0 / p["mean_ms"]
+        instances.append({"threads": p["threads"], "batch": p["batch"], "cores": cores, "pid": meta["pid"],
+                          "mean_ms": p["mean_ms"], "p50_ms": p["p50_ms"], "p99_ms": p["p99_ms"],
+                          "count": p["count"], "cpu_share": meta["cpu_share"],
+                          "cpu_ms_per_call": round(cpu_ms_per_call, 3), "loadavg_1m": meta["loadavg_1m"]})
+    return {"instances": instances, "items_per_s": round(items_per_s, 3),
+            "p50_ms": max(i["p50_ms"] for i in instances), "p99_ms": max(i["p99_ms"] for i in instances),
+            "cpu_ms_per_item": round(cpu_ms_per_s / items_per_s, 4)}
+
+
+# -- served: TorchServe with the plan live -------------------------------------------------
+
+
+class Served:
+    """A TorchServe of our own with `plan` live for the archive, and its processes by name."""
+
+    def __init__(self, s: EfficiencySettings, archive_dir: Path, plan: Plan, body: bytes, ctype: str) -> None:
+        from packrat.apply.swap import SwapSettings
+        from packrat.bench.run import TOKEN_EXPIRATION_MIN
+        from packrat.control import Controller, ControllerSettings
+        from packrat.server import start_torchserve
+
+        self.s, self.model, self.body, self.ctype = s, archive_dir.name, body, ctype
+        self.server = start_torchserve(archive_dir.parent, s.out / "torchserve",
+                                       extra_properties={"token_expiration_min": str(TOKEN_EXPIRATION_MIN)})
+        try:
+            self.ctl = Controller(ControllerSettings(
+                management_url=self.server.management_url, key_file=self.server.key_file,
+                model_store=archive_dir.parent, state_dir=s.out / "controller",
+                metrics_url=self.server.metrics_url, swap=SwapSettings()))
+            self.server.management_client().register(self.model, self.model, 1)
+            self.swap = self.ctl.apply(self.model, plan)
+        except BaseException:
+            self.server.stop()
+            raise
+
+    def target(self) -> Target:
+        # Keys are re-read every time: TorchServe may have rotated them.
+        return Target(f"{self.server.inference_url}/predictions/{self.model}", self.body, self.ctype,
+                      self.server.keys.inference.key, timeout_s=300.0)
+
+    def load(self, seconds: float):
+        return closed_loop(self.target(), self.clients, 10**9, warmup=0, max_duration_s=seconds)
+
+    @property
+    def clients(self) -> int:
+        return self.s.clients or sum(cap for _, cap in parse_plan(self.s.plan))
+
+    def processes(self) -> dict[int, str]:
+        """pid -> label for every process that serves or sends: workers, the frontend JVM,
+        the rest of TorchServe's process group, the controller if given, and this client."""
+        from packrat.bench.proc_cpu import command_name, comm, group_members
+
+        labels: dict[int, str] = {}
+        workers = sorted(((w.check.cores if w.check else None) or (), int(w.described["pid"]))
+                         for w in self.ctl.model_state(self.model).workers)
+        for k, (cores, pid) in enumerate(workers, 1):
+            labels[pid] = f"worker {k} (cores {','.join(map(str, cores)) or '?'})"
+        for pid in group_members(self.server.pid):
+            if pid not in labels:
+                label = "frontend JVM" if comm(pid) == "java" else f"other in TorchServe's group: {command_name(pid)}"
+                while label in labels.values():
+                    label += "'"
+                labels[pid] = label
+        if self.s.controller_pid:
+            labels[self.s.controller_pid] = "controller"
+        labels[os.getpid()] = "client (the load generator, this process)"
+        return labels
+
+    def measure(self) -> dict[str, Any]:
+        """One served window: C clients for served_s, every process's CPU over it."""
+        from packrat.bench.proc_cpu import CpuWindow
+        from packrat.bench.run import server_side
+
+        self.load(self.s.rewarm_s)
+        obs0 = self.ctl.observe(self.model)  # scrapes outside the CPU window
+        window = CpuWindow.start(self.processes())
+        res = self.load(self.s.served_s)
+        cpu = window.stop()
+        obs1 = self.ctl.observe(self.model)
+        sent = res.ok + res.errors
+        for row in cpu.values():
+            row["ms_per_request"] = None if row["cpu_ms"] is None else round(row["cpu_ms"] / max(1, sent), 4)
+            row["cores"] = None if row["cpu_ms"] is None else round(row["cpu_ms"] / 1000.0 / res.duration_s, 3)
+        known = [r["cpu_ms"] for r in cpu.values() if r["cpu_ms"] is not None]
+        return {"clients": self.clients, "load": res.summary(), "requests": sent,
+                "items_per_s": round(res.throughput_rps, 3), "p50_ms": res.p50_ms, "p99_ms": res.p99_ms,
+                "cpu_ms_per_item": round(sum(known) / max(1, sent), 4), "cpu": cpu,
+                "server": server_side(obs0, obs1)}
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+# -- the run ---------------------------------------------------------------------------
+
+
+def prepare(s: EfficiencySettings, store: Path) -> Path:
+    """The base archive in `store`: a named architecture built (max_length set), a directory copied."""
+    from packrat.archive import ArchiveOptions, build_named
+
+    src = Path(s.model)
+    if src.is_dir():
+        dest = store / src.name
+        if not dest.exists():
+            shutil.copytree(src, dest, symlinks=True)
+        return dest
+    name = s.model + (f"-{s.max_length}tok" if s.max_length else "")
+    return Path(build_named(s.model, store, name, ArchiveOptions(max_length=s.max_length), reuse_current=True))
+
+
+def run_efficiency(s: EfficiencySettings) -> Path:
+    """The whole run; rows appended to <out>/results.jsonl, the summary to <out>/summary.md."""
+    from packrat.bench.efficiency_report import last_run, summarise, write_summary
+    from packrat.bench.machine import describe_machine
+    from packrat.bench.run import machine_info, sample_request
+    from packrat.cores import usable_cores
+    from packrat.plan import plan_from_shape
+    from packrat.profile import open_archive
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # finally: stop the TorchServe we started
+    if s.rounds < 1 or min(s.seconds, s.served_s) <= 0:
+        raise ConfigError("need rounds >= 1 and positive durations")
+    s.out.mkdir(parents=True, exist_ok=True)
+    shape = parse_plan(s.plan)
+    cores = usable_cores().cores
+    blocks = core_blocks(shape, cores)
+    plan = replace(plan_from_shape(shape, len(cores), None), mode=str(ExecutionMode.parse(s.mode)))
+    archive_dir = prepare(s, s.out / "model-store")
+    config = ExecutionMode.parse(s.mode).in_config(open_archive(archive_dir).config)
+    body, ctype = sample_request(archive_dir)
+    log = ResultLog(s.out / "results.jsonl")
+    log.append("run", {"command": s.command, "machine": describe_machine().as_dict(), "versions": machine_info(),
+                       "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(s).items()},
+                       "archive": str(archive_dir), "payload_bytes": len(body), "content_type": ctype,
+                       "cores": [list(b) for b in blocks]})
+    served = Served(s, archive_dir, plan, body, ctype)
+    try:
+        log.append("swap", {"to_version": served.swap.to_version, "seconds": served.swap.duration_s,
+                            "torchserve_pgid": served.server.pid})
+        served.load(s.warm_s)
+        for r in range(1, s.rounds + 1):
+            for scope, kind in (("model", "raw"), ("handler", "handler")):
+                row = time_in_process(archive_dir, config, shape, blocks, scope, s.seconds,
+                                      s.out / "workers.log")
+                _say(log.append(kind, {"round": r, **row}))
+            _say(log.append("served", {"round": r, **served.measure()}))
+    finally:
+        served.stop()
+    log.append("summary", summarise(last_run(log.path)))
+    return write_summary(log.path, s.out / "summary.md")
+
+
+def _say(row: dict[str, Any]) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] round {row['round']} {row['kind']:<8} {row['items_per_s']:9.1f} items/s"
+          f"  p50 {row['p50_ms']:8.2f} ms  p99 {row['p99_ms']:8.2f} ms  CPU {row['cpu_ms_per_item']:.3f} ms/item",
+          file=sys.stderr, flush=True)

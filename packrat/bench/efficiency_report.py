@@ -1,0 +1,127 @@
+"""The efficiency benchmark's figures and markdown, read only from its results.jsonl
+(packrat.bench.efficiency writes it).
+
+Each level's figure is the median over the rounds; a ratio is the quotient of two such
+medians (served / handler, handler / raw, served / raw), so it can be recomputed from
+the rows. The CPU table is the median over the rounds of each process's CPU time per
+served request.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from packrat.bench.results import read_records
+
+LEVELS = ("raw", "handler", "served")
+RATIOS = (("served", "handler"), ("handler", "raw"), ("served", "raw"))
+_FIGURES = ("items_per_s", "p50_ms", "p99_ms", "cpu_ms_per_item")
+
+
+def last_run(path: Path) -> list[dict[str, Any]]:
+    """The rows of the file's last run (rows carry their run's id)."""
+    rows = list(read_records(path))
+    runs = [r["run_id"] for r in rows if r["kind"] == "run"]
+    return [r for r in rows if runs and r["run_id"] == runs[-1]]
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """{"levels": {level: figures}, "ratios": {"served/handler": x, ...}, "cpu": {process: ms/request}}."""
+    levels = {}
+    for level in LEVELS:
+        rs = [r for r in rows if r["kind"] == level]
+        levels[level] = {"rounds": len(rs), **{f: _median([r.get(f) for r in rs]) for f in _FIGURES}}
+    ratios = {}
+    for a, b in RATIOS:
+        x, y = levels[a]["items_per_s"], levels[b]["items_per_s"]
+        ratios[f"{a}/{b}"] = x / y if x is not None and y else None
+    served = [r for r in rows if r["kind"] == "served"]
+    labels = list(dict.fromkeys(label for r in served for label in r["cpu"]))
+    cpu = {label: {"pid": served[-1]["cpu"].get(label, {}).get("pid"),
+                   "ms_per_request": _median([r["cpu"].get(label, {}).get("ms_per_request") for r in served]),
+                   "cores": _median([r["cpu"].get(label, {}).get("cores") for r in served])}
+           for label in labels}
+    return {"levels": levels, "ratios": ratios, "cpu": cpu}
+
+
+def _f(x: float | None, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    run = next(r for r in rows if r["kind"] == "run")
+    s, m, summ = run["settings"], run["machine"], summarise(rows)
+    lv, served = summ["levels"], [r for r in rows if r["kind"] == "served"]
+    clients = served[0]["clients"] if served else s.get("clients")
+    lines = [
+        f"# Efficiency: {Path(s['model']).name}, {s['mode']} {s['plan']}, {clients} clients",
+        "",
+        f"CPU: **{m['cpu']}** ({m['cores']} usable cores of {m['cpus']}; flags {', '.join(m['flags']) or 'none'}; "
+        f"{m['memory_gib']} GiB); torch {run['versions'].get('torch')}, TorchServe "
+        f"{run['versions'].get('torchserve')}, Python {m['python']}; load average at start "
+        f"{run['versions'].get('loadavg_at_start')}. Payload: {run['payload_bytes']} bytes ({run['content_type']}).",
+        "",
+        f"Command: `{run['command']}`",
+        "",
+        f"{lv['served']['rounds']} rounds, interleaved (raw, handler, served in each). Figures: medians over the "
+        "rounds. Raw and handler p50/p99 are per batch call of the plan's cap (the slowest worker's); served "
+        "p50/p99 per request.",
+        "",
+        "| level | what is timed | items/s | p50 ms | p99 ms | CPU ms / item |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    what = {"raw": "the runtime alone: forward on inputs preprocessed once, pinned workers of the plan",
+            "handler": "decode, preprocess, forward, postprocess of the payload, the same workers",
+            "served": f"through TorchServe, the plan live, {clients} closed-loop clients"}
+    for level in LEVELS:
+        f = lv[level]
+        lines.append(f"| {level} | {what[level]} | {_f(f['items_per_s'], 1)} | {_f(f['p50_ms'])} | "
+                     f"{_f(f['p99_ms'])} | {_f(f['cpu_ms_per_item'], 3)} |")
+    lines += ["", "Ratios (of throughput): " + "; ".join(f"**{k} = {_f(v, 3)}**" for k, v in summ["ratios"].items()),
+              "", *_rounds(rows), "", *_cpu_table(summ, lv)]
+    return "\n".join(lines) + "\n"
+
+
+def _rounds(rows: list[dict[str, Any]]) -> list[str]:
+    out = ["| round | raw items/s | handler items/s | served items/s | served p50 ms | served / handler |",
+           "|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted({row["round"] for row in rows if "round" in row}):
+        got = {row["kind"]: row for row in rows if row.get("round") == r}
+        fig = {k: got[k]["items_per_s"] if k in got else None for k in LEVELS}
+        ratio = fig["served"] / fig["handler"] if fig["served"] and fig["handler"] else None
+        out.append(f"| {r} | {_f(fig['raw'], 1)} | {_f(fig['handler'], 1)} | {_f(fig['served'], 1)} | "
+                   f"{_f(got.get('served', {}).get('p50_ms'))} | {_f(ratio, 3)} |")
+    return out
+
+
+def _cpu_table(summ: dict[str, Any], lv: dict[str, Any]) -> list[str]:
+    out = ["CPU time per served request of every process over the measured windows (/proc/<pid>/stat, "
+           "utime + stime of all its threads; a controller is listed only when one was running):", "",
+           "| process | pid | CPU ms / request | cores busy |", "|---|---:|---:|---:|"]
+    for label, row in sorted(summ["cpu"].items(), key=lambda kv: _rank(kv[0])):
+        out.append(f"| {label} | {row['pid']} | {_f(row['ms_per_request'], 3)} | {_f(row['cores'])} |")
+    if "controller" not in summ["cpu"]:
+        out.append("| controller | | not running (the plan applied by this process's Controller, no loop) | |")
+    out += [f"| **all of the above** (median of the rounds' sums) | | **{_f(lv['served']['cpu_ms_per_item'], 3)}** | |",
+            f"| in process, handler path (per item) | | {_f(lv['handler']['cpu_ms_per_item'], 3)} | |",
+            f"| in process, runtime alone (per item) | | {_f(lv['raw']['cpu_ms_per_item'], 3)} | |"]
+    return out
+
+
+def _rank(label: str) -> tuple[int, str]:
+    """Workers first, then the frontend, the rest of TorchServe, the controller, the client."""
+    order = ("worker", "frontend", "other", "controller", "client")
+    return next((k for k, p in enumerate(order) if label.startswith(p)), len(order)), label
+
+
+def write_summary(results: Path, out: Path) -> Path:
+    rows = last_run(results)
+    out.write_text(render(rows))
+    return out

@@ -1,0 +1,74 @@
+"""CPU time of named processes over a window, read from /proc/<pid>/stat.
+
+utime + stime of a process's stat covers all of its threads, those that already
+exited included, so a window's figure is the difference of two readings. The
+kernel counts in clock ticks (usually 10 ms): a window should hold many
+requests for the per-request figure to mean anything.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from packrat.apply.swap import proc_cpu_ticks
+
+
+def tick_ms() -> float:
+    return 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def command_name(pid: int) -> str:
+    """What a process runs, briefly: the module of `python -m MODULE`, else its program's name."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return comm(pid)
+    if "-m" in args[:-1]:
+        return args[args.index("-m") + 1]
+    return Path(args[0]).name or comm(pid)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group `pgid` (a TorchServe started by packrat.server leads one)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            rest = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(rest[2]) == pgid and rest[0] != "Z":
+            out.append(int(entry))
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class CpuWindow:
+    """CPU milliseconds each labelled process used between start() and stop()."""
+
+    labels: dict[int, str]  # pid -> what it is ("frontend JVM", "worker 1", ...)
+    before: dict[int, int]  # pid -> ticks at the start
+
+    @classmethod
+    def start(cls, labels: dict[int, str]) -> CpuWindow:
+        before = {pid: t for pid in labels if (t := proc_cpu_ticks(pid)) is not None}
+        return cls(labels, before)
+
+    def stop(self) -> dict[str, dict[str, float | int | None]]:
+        """label -> {"pid", "cpu_ms"}; cpu_ms None when the process was gone at either end."""
+        out: dict[str, dict[str, float | int | None]] = {}
+        for pid, label in self.labels.items():
+            after = proc_cpu_ticks(pid)
+            used = None if after is None or pid not in self.before else (after - self.before[pid]) * tick_ms()
+            out[label] = {"pid": pid, "cpu_ms": None if used is None else round(used, 1)}
+        return out

@@ -1,0 +1,109 @@
+"""The efficiency benchmark (issue 35 item 1): raw, handler and served figures of one model,
+mode, plan and payload in one run, and the CPU time of every process per served request."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from packrat.bench.efficiency import EfficiencySettings, core_blocks, level_row, parse_plan, run_efficiency
+from packrat.bench.efficiency_report import last_run, summarise
+from packrat.bench.machine import describe_machine
+from packrat.bench.proc_cpu import CpuWindow, group_members
+from packrat.errors import ConfigError
+
+
+def test_parse_plan_reads_both_spellings_and_mixed_plans() -> None:
+    assert parse_plan("2x(t1,b4)") == [(1, 4), (1, 4)]
+    assert parse_plan("1x(2t,b8) + 1x(t1,b8)") == [(2, 8), (1, 8)]
+    for bad in ("2x(t1)", "0x(t1,b4)", "fat"):
+        with pytest.raises(ConfigError):
+            parse_plan(bad)
+
+
+def test_core_blocks_are_consecutive_and_refuse_too_many_threads() -> None:
+    assert core_blocks([(2, 4), (1, 4)], (4, 5, 6)) == [[4, 5], [6]]
+    with pytest.raises(ConfigError, match="needs 3 cores"):
+        core_blocks([(2, 4), (1, 4)], (0, 1))
+
+
+def test_level_row_sums_throughput_and_derives_cpu_per_item_from_the_workers_own_time() -> None:
+    def point(batch: int, mean_ms: float, cpu_share: float, pid: int) -> dict:
+        # 8 calls (2 warm-up) in 0.4 s of one thread: CPU per call = share x 400 ms / 8
+        return {"threads": 1, "batch": batch, "mean_ms": mean_ms, "p50_ms": mean_ms, "p99_ms": 2 * mean_ms,
+                "count": 6, "meta": {"warmup_calls": 2, "elapsed_s": 0.4, "cpu_share": cpu_share, "pid": pid,
+                                     "loadavg_1m": [0.0, 0.0]}}
+
+    row = level_row([point(4, 50.0, 1.0, 1), point(4, 40.0, 0.5, 2)], [[0], [1]])
+    assert row["items_per_s"] == pytest.approx(4 * 1000 / 50 + 4 * 1000 / 40)  # 80 + 100
+    assert [i["cpu_ms_per_call"] for i in row["instances"]] == [50.0, 25.0]
+    # CPU per second: 50 ms x 20 calls/s + 25 ms x 25 calls/s = 1625 ms over 180 items/s
+    assert row["cpu_ms_per_item"] == pytest.approx(1625 / 180, abs=1e-3)
+    assert (row["p50_ms"], row["p99_ms"]) == (50.0, 100.0)  # the slowest worker's
+
+
+def test_cpu_window_reads_a_busy_child_and_not_an_idle_one() -> None:
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                             "while time.process_time() - t < 0.5: pass\nimport sys; sys.stdin.read()"],
+                            stdin=subprocess.PIPE)
+    idle = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        time.sleep(0.2)  # both interpreters started
+        window = CpuWindow.start({busy.pid: "busy", idle.pid: "idle"})
+        time.sleep(1.5)
+        got = window.stop()
+    finally:
+        for p in (busy, idle):
+            p.communicate(b"")
+    assert got["busy"]["pid"] == busy.pid
+    assert got["busy"]["cpu_ms"] >= 150  # most of its 0.5 s loop fell in the window
+    assert got["idle"]["cpu_ms"] <= 30
+
+
+@pytest.mark.torchserve
+@pytest.mark.slow
+def test_efficiency_on_a_tiny_model_every_row_positive_and_ratios_are_quotients(tmp_path: Path) -> None:
+    two = len(os.sched_getaffinity(0)) >= 2
+    plan = "2x(t1,b2)" if two else "1x(t1,b2)"
+    s = EfficiencySettings(model="tiny-bert", out=tmp_path, mode="fp32-eager", plan=plan, rounds=3,
+                           seconds=1.0, served_s=2.0, warm_s=2.0, rewarm_s=0.5, max_length=8, command="test")
+    summary_md = run_efficiency(s).read_text()
+    rows = last_run(tmp_path / "results.jsonl")
+    kinds = [r["kind"] for r in rows]
+    assert kinds[:2] == ["run", "swap"] and kinds[-1] == "summary"
+    assert kinds[2:-1] == ["raw", "handler", "served"] * 3  # interleaved, round by round
+    assert [r["round"] for r in rows if r["kind"] == "served"] == [1, 2, 3]
+    workers = 2 if two else 1
+    for r in rows[2:-1]:
+        for figure in ("items_per_s", "p50_ms", "p99_ms", "cpu_ms_per_item"):
+            assert r[figure] > 0, (r["kind"], figure, r[figure])
+        if r["kind"] != "served":
+            assert len(r["instances"]) == workers and all(i["batch"] == 2 for i in r["instances"])
+            continue
+        assert r["clients"] == 2 * workers and r["load"]["errors"] == 0 and r["requests"] >= 10
+        cpu = r["cpu"]
+        labels = [k for k in cpu if k.startswith("worker ")]
+        assert len(labels) == workers
+        for label in [*labels, "frontend JVM", "client (the load generator, this process)"]:
+            assert cpu[label]["cpu_ms"] > 0 and cpu[label]["ms_per_request"] > 0, (label, cpu)
+        assert r["cpu_ms_per_item"] == pytest.approx(
+            sum(v["cpu_ms"] for v in cpu.values() if v["cpu_ms"] is not None) / r["requests"], abs=1e-3)
+
+    # Each level's figure is the median over its rounds; each ratio is the quotient of two.
+    med = {k: statistics.median(r["items_per_s"] for r in rows if r["kind"] == k) for k in ("raw", "handler", "served")}
+    summary = rows[-1]
+    assert summary["levels"]["served"]["items_per_s"] == med["served"]
+    assert summary["ratios"]["served/handler"] == pytest.approx(med["served"] / med["handler"], rel=1e-12)
+    assert summary["ratios"]["handler/raw"] == pytest.approx(med["handler"] / med["raw"], rel=1e-12)
+    assert summarise(rows) == {k: v for k, v in summary.items() if k in ("levels", "ratios", "cpu")}
+    assert f"served/handler = {med['served'] / med['handler']:.3f}" in summary_md
+    assert f"handler/raw = {med['handler'] / med['raw']:.3f}" in summary_md
+    assert describe_machine().cpu in summary_md and "| frontend JVM |" in summary_md
+    # The TorchServe it started is gone.
+    assert group_members(rows[1]["torchserve_pgid"]) == []
