@@ -21,7 +21,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-PRECISIONS = ("fp32", "bf16", "int8", "int8s")  # int8s: int8-static, calibrated
+# bf16: autocast (weights fp32, each matmul casts to bf16); bf16w: the weights themselves in
+# bf16 (eager only); int8s: int8-static, calibrated.
+PRECISIONS = ("fp32", "bf16", "bf16w", "int8", "int8s")
+BF16_PRECISIONS = ("bf16", "bf16w")  # the precisions that need native bf16 (bf16_problem)
 RUNTIMES = ("eager", "torchscript", "inductor", "onnxruntime", "openvino", "ipex")
 # Runtimes that run an exported ONNX graph (int8s quantises that graph; its quantisation tools
 # target these two only).
@@ -121,6 +124,10 @@ def pairing_refusal(mode: ExecutionMode) -> str | None:
         return "ONNX Runtime's CPU provider has no bf16 kernels for these graphs"
     if mode.precision == "int8" and mode.runtime in ("inductor", "ipex"):
         return f"int8 is not offered with {mode.runtime}"
+    if mode.precision == "bf16w" and mode.runtime != "eager":
+        # The graph runtimes have their own bf16 (bf16-torchscript freezes bf16 weights,
+        # OpenVINO's bf16 hint): bf16w is eager's, for the loop nothing traces (GPT-2).
+        return "bf16w (bf16 weights) runs eager only; use bf16 with the graph runtimes"
     return None
 
 
@@ -139,19 +146,19 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
     return set()
 
 
-def bf16_problem(flags: Iterable[str], mkldnn_bf16: bool) -> str | None:
-    """Why bf16 should not run here, or None when it should.
+def bf16_problem(flags: Iterable[str], mkldnn_bf16: bool, precision: str = "bf16") -> str | None:
+    """Why `precision` (bf16 or bf16w: BF16_PRECISIONS) should not run here, or None when it should.
 
     Both must hold: the CPU has a native bf16 instruction set (avx512_bf16 or
     AMX), and torch's oneDNN build reports bf16 support. Without them
     bf16 matmuls are emulated: slower than fp32 and no more accurate.
     """
     if not set(flags) & set(BF16_FLAGS):
-        return ("packrat.precision bf16 needs a CPU with native bf16 (flags avx512_bf16 or "
+        return (f"packrat.precision {precision} needs a CPU with native bf16 (flags avx512_bf16 or "
                 "amx_bf16); this CPU has neither. Use fp32 or int8.")
     if not mkldnn_bf16:
-        return ("packrat.precision bf16: torch's oneDNN (mkldnn) reports no bf16 support on this "
-                "CPU/build. Use fp32 or int8.")
+        return (f"packrat.precision {precision}: torch's oneDNN (mkldnn) reports no bf16 support on "
+                "this CPU/build. Use fp32 or int8.")
     return None
 
 
@@ -168,7 +175,7 @@ def int8_static_problem(flags: Iterable[str]) -> str | None:
 
 
 __all__ = [
-    "BF16_FLAGS", "DEFAULT_PRECISION", "DEFAULT_RUNTIME", "INT8S_RUNTIMES", "INT8_FLAGS", "PRECISIONS",
+    "BF16_FLAGS", "BF16_PRECISIONS", "DEFAULT_PRECISION", "DEFAULT_RUNTIME", "INT8S_RUNTIMES", "INT8_FLAGS", "PRECISIONS",
     "RUNTIMES", "TEXT_GENERATION", "ExecutionMode", "bf16_problem", "cpu_flags", "every_mode",
     "int8_static_problem", "int8s_runtime_refusal", "int8s_task_refusal", "pairing_refusal",
     "task_refusal",

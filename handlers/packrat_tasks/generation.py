@@ -24,7 +24,7 @@ from packrat_tasks import guard
 from packrat_tasks.base import (
     TEXT_CHARS_PER_TOKEN, Batch, RequestError, Task, check_text, get_field, parse_json_or_text,
 )
-from packrat_tasks.precision import PrecisionError, precision_name, prepare_torch
+from packrat_tasks.precision import PrecisionError, bf16_weights_info, precision_name, prepare_torch
 from packrat_tasks.quantize_static import generation_refusal
 from packrat_tasks.runner import Runner, memory_mb, mode_name, runtime_name
 
@@ -117,6 +117,10 @@ class TextGenerationTask(Task):
             })
         return out
 
+    def served_sizes(self, batch: Batch, responses: list[Any]) -> dict[str, list[int]]:
+        return {"tokens": [len(batch.items[i][0]) for i in batch.valid],
+                "generated": [len(responses[i]["token_ids"]) for i in batch.valid]}
+
     def sample_requests(self, n: int) -> list[dict]:
         return [{"body": SAMPLE_PROMPT.encode("utf-8")} for _ in range(n)]
 
@@ -143,6 +147,7 @@ def build_generation(task: TextGenerationTask, config: dict[str, Any]) -> Runner
         reference = task.forward(batch).outputs.tolist()
     rss0, _ = memory_mb()
     t0 = time.perf_counter()
+    # bf16w: a bf16 copy; the fp32 model is dropped when this returns (half the memory).
     task.model, task.autocast = prepare_torch(fp32_model, precision_name(config))
     task.model.eval()
     t1 = time.perf_counter()
@@ -152,6 +157,8 @@ def build_generation(task: TextGenerationTask, config: dict[str, Any]) -> Runner
     runner = Runner(fn=task.model.generate, mode=mode, threads=torch.get_num_threads(),
                     build_s=round(time.perf_counter() - t0, 3), rss_mb=round(rss, 1),
                     rss_delta_mb=round(rss - rss0, 1), peak_rss_mb=round(peak, 1))
+    if precision_name(config) == "bf16w":
+        runner.info["bf16w"] = bf16_weights_info(task.model)
     # The greedy runs are both the warm-up and the guard's candidate: counted as warm-up.
     runner.phases_s = {"guard": round(t0 - tg, 3), "mode_build": round(t1 - t0, 3),
                        "warmup": round(time.perf_counter() - t1, 3)}

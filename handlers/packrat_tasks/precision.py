@@ -1,10 +1,17 @@
-"""Numeric precision of a model path: `packrat.precision` = fp32 | bf16 | int8 | int8s.
+"""Numeric precision of a model path: `packrat.precision` = fp32 | bf16 | bf16w | int8 | int8s.
 
     fp32  the weights as trained.
     bf16  torch: autocast to bfloat16 (matmuls and convolutions in bf16 through
           oneDNN, softmax/layer norm kept in fp32); OpenVINO: its bf16
           inference precision. Refused where the CPU has no native bf16
           (avx512_bf16 or AMX): there bf16 is emulated and slower than fp32.
+    bf16w eager only: the weights themselves cast to bf16 (half the bytes each
+          matmul reads, no cast per call), layer norms kept in fp32; the
+          attention softmax runs in torch's scaled_dot_product_attention, whose
+          CPU kernel accumulates bf16 in fp32. Autocast re-casts fp32 weights
+          on every call: for GPT-2's decoding loop (many small matmuls) that
+          made bf16 slower than fp32 on an AMX Xeon, bf16w 2.2x faster
+          (docs/modes.md). Needs native bf16 as bf16 does.
     int8  torch: dynamic quantisation of every nn.Linear (int8 weights, int8
           activations quantised per batch; convolutions stay fp32; GPT-2's
           Conv1D projections are first swapped for equivalent Linears);
@@ -29,11 +36,13 @@ from typing import TYPE_CHECKING, Any
 # the tuner and the archive builder); re-exported here for the archive's own callers
 # (packrat.profile.probe reads cpu_flags and int8_static_problem from this module).
 from packrat.modes import (  # noqa: F401
+    BF16_PRECISIONS,
     PRECISIONS,
     ExecutionMode,
     bf16_problem,
     cpu_flags,
     int8_static_problem,
+    pairing_refusal,
 )
 
 if TYPE_CHECKING:
@@ -45,18 +54,22 @@ class PrecisionError(ValueError):
 
 
 def precision_name(config: dict[str, Any]) -> str:
-    name = ExecutionMode.from_config(config).precision
-    if name not in PRECISIONS:
-        raise PrecisionError(f"unknown packrat.precision {name!r}; known: {', '.join(PRECISIONS)}")
-    return name
+    mode = ExecutionMode.from_config(config)
+    if mode.precision not in PRECISIONS:
+        raise PrecisionError(f"unknown packrat.precision {mode.precision!r}; known: {', '.join(PRECISIONS)}")
+    if mode.precision == "bf16w" and pairing_refusal(mode):
+        # Here, not in each runtime: a graph runtime that does not know bf16w would
+        # otherwise run it as fp32 under the bf16w name.
+        raise PrecisionError(f"{mode} is not offered: {pairing_refusal(mode)}")
+    return mode.precision
 
 
-def check_bf16() -> None:
-    """Raise PrecisionError when this machine cannot run bf16 natively."""
+def check_bf16(precision: str = "bf16") -> None:
+    """Raise PrecisionError when this machine cannot run `precision` (bf16, bf16w) natively."""
     import torch
 
     mkldnn = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    problem = bf16_problem(cpu_flags(), mkldnn)
+    problem = bf16_problem(cpu_flags(), mkldnn, precision)
     if problem:
         raise PrecisionError(problem)
 
@@ -89,6 +102,39 @@ def quantize_int8(module: torch.nn.Module) -> torch.nn.Module:
         )
 
 
+def bf16_weights(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `module` with its weights and buffers in bf16, its layer norms in fp32
+    (the input is kept: the accuracy guard's fp32 reference may run after this).
+
+    A norm's statistics over a whole hidden vector are where bf16's 8-bit mantissa
+    loses most, and they cost little: torch's CPU layer_norm takes a bf16 input
+    with fp32 weights and computes in fp32. Inputs that are floating point (pixels)
+    must be cast to bf16 by the caller (runtimes/eager.py).
+    """
+    import copy
+
+    import torch
+
+    module = copy.deepcopy(module).to(torch.bfloat16)
+    for child in module.modules():
+        if isinstance(child, torch.nn.LayerNorm):
+            child.float()
+    return module
+
+
+def bf16_weights_info(module: torch.nn.Module) -> dict[str, Any]:
+    """What a bf16w module keeps in fp32 and how its attention runs (the worker's summary)."""
+    import torch
+
+    norms = sum(isinstance(m, torch.nn.LayerNorm) for m in module.modules())
+    out: dict[str, Any] = {"fp32_modules": f"LayerNorm x{norms}"}
+    if any("Attention" in type(m).__name__ for m in module.modules()):
+        # The HF model's config (a task's wrapper module holds the model inside it).
+        config = next((m.config for m in module.modules() if hasattr(m, "config")), None)
+        out["attention"] = getattr(config, "_attn_implementation", None)  # "sdpa": fp32 accumulation
+    return out
+
+
 def _conv1d_to_linear(module: torch.nn.Module) -> torch.nn.Module:
     """GPT-2's projections are transformers' Conv1D (y = x @ W + b, W of shape in x out),
     which quantize_dynamic does not know; swap each for the equivalent nn.Linear (W.T)
@@ -113,12 +159,14 @@ def prepare_torch(
     module: torch.nn.Module, precision: str
 ) -> tuple[torch.nn.Module, Callable[[], contextlib.AbstractContextManager]]:
     """(module to run, context factory) for the torch runtimes (eager/torchscript/inductor)."""
-    if precision == "bf16":
-        check_bf16()
+    if precision in BF16_PRECISIONS:
+        check_bf16(precision)
     if precision == "int8s":
         raise PrecisionError("int8-static (int8s) is offered with the onnxruntime and openvino "
                              "runtimes only (calibrated int8 graphs); text-generation refuses it "
                              "(docs/modes.md). Use int8 for dynamic quantisation on torch runtimes.")
     if precision == "int8":
         return quantize_int8(module), autocast_context("fp32")
+    if precision == "bf16w":
+        return bf16_weights(module), autocast_context("fp32")
     return module, autocast_context(precision)
