@@ -78,16 +78,31 @@ class ModelDescription:
     workers: tuple[WorkerDescription, ...]
 
     @classmethod
-    def parse(cls, d: Mapping[str, Any]) -> ModelDescription:
-        return cls(
-            name=str(d.get("modelName", "")),
-            version=str(d.get("modelVersion", "")),
-            url=str(d.get("modelUrl", "")),
-            batch_size=int(d.get("batchSize", 1) or 1),
-            max_batch_delay_ms=int(d.get("maxBatchDelay", 0) or 0),
-            pending_requests=int((d.get("jobQueueStatus") or {}).get("pendingRequests", 0)),
-            workers=tuple(WorkerDescription.parse(w) for w in d.get("workers", []) or []),
-        )
+    def parse(cls, d: Any) -> ModelDescription:
+        """One entry of TorchServe's describe answer; ValueError naming what is wrong when it is
+        not one (not an object, no name, version or URL, a count that is not a number, workers
+        that are not a list of objects): a swap must not act on a half-read answer."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a model description is a JSON object, got {type(d).__name__}: {str(d)[:200]}")
+        missing = [k for k in ("modelName", "modelVersion", "modelUrl") if not d.get(k)]
+        if missing:
+            raise ValueError(f"a model description without {', '.join(missing)}: {str(dict(d))[:200]}")
+        workers = d.get("workers") or []
+        if not isinstance(workers, list) or not all(isinstance(w, Mapping) for w in workers):
+            raise ValueError(f"{d['modelName']} version {d['modelVersion']}: workers are not a list of objects")
+        try:
+            return cls(
+                name=str(d["modelName"]),
+                version=str(d["modelVersion"]),
+                url=str(d["modelUrl"]),
+                batch_size=int(d.get("batchSize", 1) or 1),
+                max_batch_delay_ms=int(d.get("maxBatchDelay", 0) or 0),
+                pending_requests=int((d.get("jobQueueStatus") or {}).get("pendingRequests", 0)),
+                workers=tuple(WorkerDescription.parse(w) for w in workers),
+            )
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ValueError(f"{d['modelName']} version {d['modelVersion']}: a field is not what TorchServe "
+                             f"sends ({type(exc).__name__}: {exc})") from exc
 
     @classmethod
     def of(cls, d: ModelDescription | Mapping[str, Any]) -> ModelDescription:
@@ -252,11 +267,22 @@ class ManagementClient:
         return self._request("GET", f"/models/{model}/all")
 
     # The same two answers, parsed: what Packrat's own code reads (the raw ones stay for tools).
+    # A malformed answer is TorchServe's error (TorchServeError, the API's 502), said once here.
     def describe_model(self, model: str, version: str | None = None) -> ModelDescription:
-        return ModelDescription.parse(self.describe(model, version))
+        path = f"/models/{model}" + (f"/{version}" if version else "")
+        return self._descriptions(path)[0]
 
     def describe_versions(self, model: str) -> tuple[ModelDescription, ...]:
-        return tuple(ModelDescription.parse(d) for d in self.describe_all(model))
+        return self._descriptions(f"/models/{model}/all")
+
+    def _descriptions(self, path: str) -> tuple[ModelDescription, ...]:
+        answer = self._request("GET", path)
+        try:
+            if not isinstance(answer, list) or not answer:
+                raise ValueError(f"a describe answer is a non-empty JSON list, got {str(answer)[:200]}")
+            return tuple(ModelDescription.parse(d) for d in answer)
+        except ValueError as exc:
+            raise TorchServeError("GET", f"{self.base}{path}", 200, f"malformed describe answer: {exc}") from exc
 
     def register(
         self,
