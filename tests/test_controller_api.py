@@ -7,19 +7,24 @@ archive (fast worker start); the profile endpoint runs the real profiler on it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
 from packrat.bench.loadgen import ContinuousLoad
+from packrat.control import Controller, ControllerSettings
 from packrat.plan import realizable_plan
 from packrat.profile.store import save_profile
 from packrat.types import Profile, ProfilePoint
 from serving_support import ControllerProcess, start_server, usable_cores
+from test_reliability_faults import in_process
 from waiting import wait_until
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
@@ -65,6 +70,7 @@ ENDPOINTS = [
     ("GET", f"/v1/models/{MODEL}/status", None),
     ("POST", f"/v1/models/{MODEL}/plan", {"batch": 2}),
     ("POST", f"/v1/models/{MODEL}/apply", {"instances": [{"threads": 1, "batch": 1}]}),
+    ("PUT", f"/v1/models/{MODEL}/pin", {"pinned": False}),
     ("POST", f"/v1/models/{MODEL}/profile", {"max_batch": 1}),
     ("GET", "/v1/jobs/none", None),
     ("GET", "/v1/jobs", None),
@@ -271,3 +277,241 @@ def test_restarted_controller_finishes_a_half_done_swap(stack) -> None:
     assert not half.path.exists() and not orphan.path.exists()
     st = ctl.get(f"/v1/models/{MODEL}/status").json()
     assert st["version"] == live["modelVersion"] and st["other_versions"] == []
+
+
+# -- operator pins (issue 32) ---------------------------------------------------------------
+def _put(ctl: Ctl, path: str, body: dict) -> requests.Response:
+    return requests.put(f"{ctl.url}{path}", json=body, headers=ctl.headers(), timeout=60)
+
+
+def _refuse_in_last_tune(ctl: Ctl, store: Path, mode: str, reason: str) -> None:
+    """The model's tune record as a tune writes it when `mode`'s worker was refused (its
+    accuracy guard failed), for the archive as it is now."""
+    from packrat import tune
+
+    tracker = tune.Tracker(ctl.state, MODEL)
+    tracker.mode(mode, state="refused", reason=reason, model_id=tune.tune_key(store / MODEL, MODEL)["model_id"])
+
+
+def test_apply_in_a_mode_pins_the_model_until_unpinned(stack) -> None:
+    """An apply with a mode is checked (unknown, not run here, failed its guard: 422 naming
+    why), pins the model; the pin survives a restart; under load the loop's ticks say
+    "disabled" where they would swap; once unpinned the loop swaps it."""
+    server, ctl, store = stack
+    _write_profile(ctl)
+    status = f"/v1/models/{MODEL}/status"
+    assert _put(ctl, f"/v1/models/{MODEL}/pin", {"pinned": False}).json()["pinned"] is False
+    own = ctl.get(status).json()["mode"]  # the noop archive's own mode
+    assert own
+    _refuse_in_last_tune(ctl, store, "int8-eager", "AccuracyGuardError: top-1 agreement 0.61 < 0.99")
+    swaps_before = len(ctl.get("/v1/swaps").json())
+    one = [{"threads": 1, "batch": 1}]
+    bad = [({"batch": 1, "mode": "fp64-eager"}, "unknown mode"),
+           ({"batch": 1, "mode": "eager"}, "is not <precision>-<runtime>"),
+           ({"instances": one, "mode": "bf16-openvino"}, "the noop task has no model to run in another mode"),
+           ({"instances": one, "mode": "int8-eager"}, "failed its accuracy guard for ctl-echo in the last tune: "
+                                                      "AccuracyGuardError: top-1 agreement 0.61")]
+    try:
+        for body, why in bad:
+            r = ctl.post(f"/v1/models/{MODEL}/apply", body)
+            assert r.status_code == 422 and why in r.json()["detail"], (body, r.status_code, r.text)
+        assert len(ctl.get("/v1/swaps").json()) == swaps_before and ctl.get(status).json()["pin"] is None
+
+        r = ctl.post(f"/v1/models/{MODEL}/apply", {"instances": one, "mode": own.upper()})
+        assert r.status_code == 200, r.text
+        applied = r.json()
+        assert applied["plan"]["mode"] == own and applied["pin"]["mode"] == own
+        st = ctl.get(status).json()
+        assert st["pin"] == applied["pin"] and st["version"] == applied["swap"]["to_version"]
+        assert st["plan"]["instances"] == applied["plan"]["instances"]
+        r = ctl.post(f"/v1/models/{MODEL}/tune", {"modes": [own]})
+        assert r.status_code == 409 and "pinned" in r.json()["detail"], r.text
+    finally:
+        (ctl.state / "tune" / f"{MODEL}.json").unlink(missing_ok=True)
+
+    # The same state dir, now with the re-plan loop on (a second's dwell: it would swap at once).
+    ctl.kill()
+    adaptive = Ctl(server, store, ctl.state)
+    adaptive.extra = ["--no-tune", "--min-dwell", "1"]
+    bodies = [f"pin {i}".encode() for i in range(4)]
+    load = ContinuousLoad(url=f"{server.inference_url}/predictions/{MODEL}", headers=server.inference_headers(),
+                          bodies=bodies, check=lambda i, body: body == bodies[i], clients=2)
+    try:
+        adaptive.start()
+        assert adaptive.get(status).json()["pin"] == applied["pin"]  # survived the restart
+        with load:
+            def held_back() -> list[dict] | None:
+                ds = adaptive.get(f"/v1/models/{MODEL}/adapt?last=50").json()["decisions"]
+                # Ticks that saw load and a faster plan (1 x (1 thread, cap 1) is the slowest plan
+                # on 2 cores: L(2, 1) = 10 / 1.6 ms against 10 ms), and swapped nothing.
+                would = [d for d in ds if d["estimate"]["ready"] and not d["estimate"]["idle"]
+                         and (d["predicted_gain"] or 0) > 0.1]
+                return would if len(would) >= 3 else None
+
+            would = wait_until(held_back, 240, "three loaded ticks of the loop on the pinned model")
+            assert {d["reason"] for d in would} == {"disabled"} and not any(d["swap"] for d in would)
+            st = adaptive.get(status).json()
+            assert st["version"] == applied["swap"]["to_version"] and st["adapt"]["enabled"] is False
+            r = _put(adaptive, f"/v1/models/{MODEL}/adapt", {"enabled": True})
+            assert r.status_code == 409 and "pinned" in r.json()["detail"], r.text
+
+            r = _put(adaptive, f"/v1/models/{MODEL}/pin", {"pinned": False})
+            assert r.status_code == 200 and r.json() == {"model": MODEL, "pinned": False, "pin": None}, r.text
+            wait_until(lambda: adaptive.get(status).json()["version"] != applied["swap"]["to_version"], 240,
+                       "the loop's swap once the model is unpinned")
+        samples = load.stop()
+        assert not [s for s in samples if not s.ok], [s for s in samples if not s.ok][:3]
+        st = adaptive.get(status).json()
+        assert st["pin"] is None and len(st["plan"]["instances"]) * st["plan"]["instances"][0]["threads"] == 2
+    finally:
+        adaptive.kill()
+        ctl.start()
+
+
+# -- in this process: what the controller asks TorchServe, the swap thread's waiting ---------------
+@contextlib.contextmanager
+def in_this_process(ctl: Ctl, server, monkeypatch: pytest.MonkeyPatch) -> Iterator[Controller]:
+    """A Controller in this process on the module's state dir (test_reliability_faults.in_process:
+    the subprocess one stops meanwhile), reading the workers' status files of this server."""
+    monkeypatch.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))
+    settings = ControllerSettings(management_url=server.management_url, key_file=server.key_file,
+                                  model_store=ctl.store, state_dir=ctl.state, cores=usable_cores(2))
+    with in_process(ctl, settings) as c:
+        yield c
+
+
+def test_an_apply_for_a_batch_reads_the_model_once(stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """POST /apply {"batch": 2}: the known-model check (list), one reading of the model
+    (describe, describe all) passed down to the plan, and the swap's own reading under its
+    lock (describe): 3 + 1 management calls before the swap's work, not a second reading."""
+    from fastapi.testclient import TestClient
+
+    from packrat.api import create_app
+    from packrat.apply.client import ManagementClient
+    from packrat.apply.swap import Swapper
+
+    server, ctl, _ = stack
+    _write_profile(ctl)
+    calls: list[tuple[str, str]] = []
+    real = ManagementClient._request
+
+    def counted(self, method, path, params=None, timeout=None):
+        calls.append((method, path))
+        return real(self, method, path, params, timeout)
+
+    with in_this_process(ctl, server, monkeypatch) as c:
+        client = TestClient(create_app(c))
+        started: list[int] = []
+        apply = Swapper.apply
+
+        def swap_begins(self, *a, **kw):  # where the swap's own work (new version, ...) starts
+            started.append(len(calls))
+            return apply(self, *a, **kw)
+
+        monkeypatch.setattr(ManagementClient, "_request", counted)
+        monkeypatch.setattr(Swapper, "apply", swap_begins)
+        r = client.post(f"/v1/models/{MODEL}/apply", json={"batch": 2}, headers=server.management_headers())
+        assert r.status_code == 200, r.text
+    before_swap = calls[:started[0]]
+    assert before_swap.count(("GET", "/models")) == 1, before_swap
+    assert before_swap.count(("GET", f"/models/{MODEL}/all")) == 1, before_swap
+    assert len(before_swap) <= 4, before_swap
+
+
+def test_a_swap_waiting_for_the_running_one_starts_when_it_ends(stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Swaps.apply_when_free (a tune's choice while another swap runs): it waits on the
+    swap lock's release, trying again once per release, not in a polling loop."""
+    from packrat.types import Instance, Plan
+
+    server, ctl, _ = stack
+    first = Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0),) * 2, predicted_latency_ms=0.0)
+    second = Plan(cores=2, batch=1, instances=(Instance(2, 1, 0.0),), predicted_latency_ms=0.0)
+    with in_this_process(ctl, server, monkeypatch) as c:
+        real = c.swaps.lock
+        tries: list[float] = []
+
+        class CountingLock:
+            def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+                tries.append(time.monotonic())
+                return real.acquire(blocking, timeout)
+
+            def release(self) -> None:
+                real.release()
+
+        c.swaps.lock = CountingLock()
+        running = c.start_swap(MODEL, first)
+        result: dict = {}
+        waiter = threading.Thread(target=lambda: result.update(record=c.swaps.apply_when_free(MODEL, second, 600)))
+        waiter.start()
+        running.done.wait(600)
+        first_ended = time.monotonic()
+        waiter.join(600)
+        assert running.error is None and running.record is not None, running.error
+        record = result["record"]
+        assert record.outcome == "applied" and record.from_version == running.record.to_version
+        # The first swap took seconds; the waiter tried once before it ended and once after.
+        assert running.record.duration_s > 1.0
+        assert len(tries) == 3, tries  # the first swap, the waiter's refused try, its try after the release
+        assert tries[-1] >= first_ended - 0.5
+
+
+def test_describe_answers_of_a_real_torchserve_parse_and_malformed_ones_are_named(stack) -> None:
+    from packrat.apply.client import ModelDescription
+
+    server, _, _ = stack
+    client = server.management_client()
+    one = client.describe(MODEL)
+    d = ModelDescription.parse(one)
+    assert (d.name, d.version, d.url) == (one["modelName"], one["modelVersion"], one["modelUrl"])
+    assert d.batch_size == one["batchSize"] and d.max_batch_delay_ms == one["maxBatchDelay"]
+    assert d.worker_pids() == [w["pid"] for w in one["workers"]] and d.worker_pids()
+    assert all(w.ready for w in d.workers) and d.pending_requests == one["jobQueueStatus"]["pendingRequests"]
+    assert [x.version for x in client.describe_versions(MODEL)] == [x["modelVersion"] for x in client.describe_all(MODEL)]
+    malformed = [
+        ([one], "a model description is a JSON object, got list"),
+        ({k: v for k, v in one.items() if k != "modelUrl"}, "without modelUrl"),
+        (dict(one, workers={"pid": 1}), "workers are not a list of objects"),
+        (dict(one, workers=[dict(one["workers"][0], pid="twelve")]), "a field is not what TorchServe sends"),
+        (dict(one, jobQueueStatus=[1]), "a field is not what TorchServe sends"),
+        (dict(one, batchSize="large"), "a field is not what TorchServe sends"),
+    ]
+    for answer, why in malformed:
+        with pytest.raises(ValueError, match=why):
+            ModelDescription.parse(answer)
+
+
+def test_a_malformed_describe_answer_is_torchserves_error() -> None:
+    """A describe answer that is not one (from a loopback server in TorchServe's place):
+    TorchServeError naming the URL and what is wrong, which the API answers 502."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from packrat.apply.client import ManagementClient
+    from packrat.errors import TorchServeError
+
+    answers = {"/models/m": b"[]", "/models/m/all": b'[{"modelName": "m", "modelVersion": "1"}]'}
+
+    class Answers(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = answers[self.path]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        client = ManagementClient(base, None)
+        with pytest.raises(TorchServeError, match="malformed describe answer: a describe answer is a non-empty") as a:
+            client.describe_model("m")
+        assert a.value.url == f"{base}/models/m"
+        with pytest.raises(TorchServeError, match="malformed describe answer: a model description without modelUrl"):
+            client.describe_versions("m")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -76,12 +76,19 @@ def render_status(s: ModelStatus) -> dict[str, Any]:
         # Cores among models: where the live workers pin, and the cores the model has now.
         "cores": list(st.cores) if st.cores is not None else None,
         "share": list(s.share) if s.share is not None else None,
+        # An operator's pin (mode, plan, since): the re-plan loop and the tuner leave the model.
+        "pin": s.pin,
     }
 
 
-def render_swap(record: SwapRecord, plan: Plan) -> dict[str, Any]:
-    """POST /v1/models/{model}/apply: the swap and the plan it applied."""
-    return {"swap": record.to_dict(), "plan": plan.to_dict()}
+def render_swap(record: SwapRecord, plan: Plan, pin: dict[str, Any] | None) -> dict[str, Any]:
+    """POST /v1/models/{model}/apply: the swap, the plan it applied and the model's pin."""
+    return {"swap": record.to_dict(), "plan": plan.to_dict(), "pin": pin}
+
+
+def render_pin(model: str, pin: dict[str, Any] | None) -> dict[str, Any]:
+    """PUT /v1/models/{model}/pin: the model's pin now (None: unpinned)."""
+    return {"model": model, "pinned": pin is not None, "pin": pin}
 
 
 def render_tune(model: str, tune: dict[str, Any] | None) -> dict[str, Any]:

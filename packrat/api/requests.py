@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from packrat import settings
 from packrat.jobs import Job
-from packrat.control import Controller
+from packrat.control import Controller, ModelState
 from packrat.types import Plan, Policy
 
 # The largest request body accepted: an explicit plan of a few hundred instances
@@ -32,10 +32,24 @@ class PlanRequest(BaseModel):
 
 
 class ApplyRequest(BaseModel):
-    """Either `batch` (a plan is computed from the model's profile) or explicit `instances`."""
+    """Either `batch` (a plan is computed from the model's profile) or explicit `instances`;
+    optionally the execution `mode` to run them in. An apply pins the model unless `pin` is false."""
 
     batch: int | None = Field(default=None, ge=1)
     instances: list[InstanceIn] | None = Field(default=None, min_length=1)
+    mode: str | None = Field(
+        default=None, min_length=3, max_length=64,
+        description="execution mode <precision>-<runtime>, e.g. fp32-eager [default: the live mode]; "
+                    "refused (422, with the reason) when this machine cannot run it for this archive "
+                    "or it failed its accuracy guard in the model's last tune")
+    pin: bool = Field(
+        default=True,
+        description="pin the model to this (mode, plan): the re-plan loop and the tuner leave it "
+                    'until PUT /v1/models/{model}/pin {"pinned": false}')
+
+
+class PinRequest(BaseModel):
+    pinned: bool = Field(description="true: pin what is live now; false: unpin (the loop and the tuner may act)")
 
 
 class ProfileRequest(BaseModel):
@@ -98,12 +112,26 @@ def replan_loop(controller: Controller, model: str) -> Policy:
     return controller.policy
 
 
-def requested_plan(controller: Controller, model: str, req: ApplyRequest) -> Plan:
-    """The plan an apply body asks for: the explicit `instances`, or one computed for `batch`."""
-    known_model(controller, model)
+def model_reading(controller: Controller, model: str) -> ModelState:
+    """The request's one reading of a known `model` (404 naming the registered ones if not):
+    passed on to whatever the route calls, never read again."""
+    return controller.model_state(known_model(controller, model))
+
+
+def unpinned(controller: Controller, model: str) -> None:
+    """409 when an operator pinned `model` (what the request would change stays pinned)."""
+    if controller.pins.pinned(model):
+        raise HTTPException(409, f"{model} is pinned by an operator: unpin it first "
+                                 f'(PUT /v1/models/{model}/pin {{"pinned": false}})')
+
+
+def requested_plan(controller: Controller, st: ModelState, req: ApplyRequest) -> Plan:
+    """The plan an apply body asks for: the explicit `instances`, or one computed for `batch`,
+    in the `mode` asked for (checked: 422 with the reason) or the live one."""
     if (req.batch is None) == (req.instances is None):
         raise HTTPException(422, "give exactly one of `batch` (computed plan) or `instances` (explicit plan)")
+    mode = req.mode.strip().lower() if req.mode is not None else None
     if req.instances is not None:
-        return controller.explicit_plan(model, [(i.threads, i.batch) for i in req.instances])
+        return controller.explicit_plan(st.model, [(i.threads, i.batch) for i in req.instances], st=st, mode=mode)
     assert req.batch is not None
-    return controller.plan_for(model, req.batch)
+    return controller.plan_for(st.model, req.batch, st=st, mode=mode)

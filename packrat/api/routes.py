@@ -6,7 +6,9 @@ Loopback only by default (see packrat.commands.control).
     GET  /v1/models                          models and their live versions
     GET  /v1/models/{model}/status           version, plan, predicted and observed latency, last swaps
     POST /v1/models/{model}/plan             compute a plan for a batch (nothing applied)
-    POST /v1/models/{model}/apply            apply a computed or an explicit plan (synchronous swap)
+    POST /v1/models/{model}/apply            apply a computed or an explicit plan, optionally in a given
+                                             mode (synchronous swap); pins the model unless "pin": false
+    PUT  /v1/models/{model}/pin              pin what is live now, or unpin: {"pinned": true|false}
     POST /v1/models/{model}/profile          re-profile in the background -> job
     POST /v1/models/{model}/tune             tune: guard + profile each mode, apply the best
                                              (mode, plan) -> job (optional body; docs/tuning.md)
@@ -48,6 +50,7 @@ from packrat.api.answers import (
     render_health,
     render_metrics,
     render_model,
+    render_pin,
     render_status,
     render_swap,
     render_tune,
@@ -57,13 +60,16 @@ from packrat.api.requests import (
     MAX_BODY_BYTES,
     AdaptRequest,
     ApplyRequest,
+    PinRequest,
     PlanRequest,
     ProfileRequest,
     TuneRequest,
     known_job,
     known_model,
+    model_reading,
     replan_loop,
     requested_plan,
+    unpinned,
 )
 from packrat.api.spec import document_errors
 from packrat.api.web import add_web_routes
@@ -105,34 +111,47 @@ def _model_routes(app: FastAPI, controller: Controller, auth: Auth) -> None:
     def list_models() -> list[dict[str, Any]]:
         return [render_model(m, controller.model_state(m)) for m in controller.models()]
 
-    @app.get("/v1/models/{model}/status", dependencies=auth, summary="Live version, plan and latency")
+    # Each route reads the model once (model_reading) and passes that reading on.
+    @app.get("/v1/models/{model}/status", dependencies=auth, summary="Live version, plan, latency and pin")
     def status(model: str) -> dict[str, Any]:
-        return render_status(controller.status(known_model(controller, model)))
+        return render_status(controller.status(model, st=model_reading(controller, model)))
 
     @app.post("/v1/models/{model}/plan", dependencies=auth, summary="Compute a plan (not applied)")
     def plan(model: str, req: PlanRequest) -> dict[str, Any]:
-        return controller.plan_for(known_model(controller, model), req.batch, req.cores).to_dict()
+        return controller.plan_for(model, req.batch, req.cores, st=model_reading(controller, model)).to_dict()
 
-    @app.post("/v1/models/{model}/apply", dependencies=auth, summary="Apply a plan by a version swap")
+    @app.post("/v1/models/{model}/apply", dependencies=auth,
+              summary="Apply a plan (in a given mode) by a version swap; pins the model unless pin is false")
     def apply(model: str, req: ApplyRequest) -> dict[str, Any]:
-        the_plan = requested_plan(controller, model, req)
-        return render_swap(controller.apply(model, the_plan), the_plan)
+        st = model_reading(controller, model)
+        the_plan = requested_plan(controller, st, req)
+        record = controller.apply(model, the_plan, pin=req.pin, st=st)
+        return render_swap(record, the_plan, controller.pins.get(model))
+
+    @app.put("/v1/models/{model}/pin", dependencies=auth,
+             summary="Pin what is live (the re-plan loop and the tuner leave it), or unpin")
+    def put_pin(model: str, req: PinRequest) -> dict[str, Any]:
+        st = model_reading(controller, model)
+        if req.pinned:
+            return render_pin(model, controller.pin(model, st=st))
+        controller.unpin(model)
+        return render_pin(model, None)
 
     # A profile or a tune runs in the background: 202 with the job to poll.
     @app.post("/v1/models/{model}/profile", dependencies=auth, status_code=202,
               summary="Re-profile in the background; poll the job")
     def profile(model: str, req: ProfileRequest | None = None) -> jobs.Job:
         req = req or ProfileRequest()  # no body: the defaults
-        return controller.start_profile(known_model(controller, model), max_batch=req.max_batch,
-                                        budget_s=req.budget_s, cores=req.cores)
+        return controller.start_profile(model, max_batch=req.max_batch, budget_s=req.budget_s, cores=req.cores,
+                                        st=model_reading(controller, model))
 
     @app.post("/v1/models/{model}/tune", dependencies=auth, status_code=202,
               summary="Tune in the background: guard and profile each mode, apply the best (mode, plan)")
     def tune(model: str, req: TuneRequest | None = None) -> jobs.Job:
         req = req or TuneRequest()  # no body: the defaults
-        return controller.start_tune(known_model(controller, model), modes=req.modes, budget_s=req.budget_s,
-                                     batch=req.batch, fresh=req.fresh, max_batch=req.max_batch,
-                                     point_budget_s=req.point_budget_s)
+        return controller.start_tune(model, modes=req.modes, budget_s=req.budget_s, batch=req.batch,
+                                     fresh=req.fresh, max_batch=req.max_batch, point_budget_s=req.point_budget_s,
+                                     st=model_reading(controller, model))
 
     @app.get("/v1/models/{model}/tune", dependencies=auth, summary="The running or last tune of a model")
     def get_tune(model: str) -> dict[str, Any]:
@@ -170,6 +189,7 @@ def _adapt_routes(app: FastAPI, controller: Controller, auth: Auth) -> None:
     @app.put("/v1/models/{model}/adapt", dependencies=auth, summary="Switch automatic re-planning on/off")
     def put_adapt(model: str, req: AdaptRequest) -> dict[str, Any]:
         loop = replan_loop(controller, model)
+        unpinned(controller, model)  # a pin holds the loop off until it is unpinned
         loop.set_enabled(model, req.enabled)
         return render_adapt(model, loop.is_enabled(model))
 

@@ -18,9 +18,10 @@ ERROR_DESCRIPTIONS = {
     400: "the request body cannot be decoded (not UTF-8 JSON text)",
     401: "missing or wrong token",
     404: "unknown model, job or profile",
-    409: "busy (a swap, or a job of this kind, is running) or the re-plan loop is not running",
+    409: "busy (a swap, or a job of this kind, is running), the re-plan loop is not running, or the model "
+         "is pinned by an operator (unpin it first)",
     413: f"request body over {MAX_BODY_BYTES} bytes",
-    422: "malformed request or plan",
+    422: "malformed request or plan, or a mode refused (not run here, or failed its accuracy guard)",
     500: "the swap failed and was rolled back (its record is in the body)",
     502: "TorchServe answered with an error, or did not answer",
     503: "TorchServe's key file cannot be read",
@@ -38,6 +39,7 @@ ERROR_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/v1/swaps"): (),
     ("GET", "/v1/models/{model}/adapt"): (404, 409, 502),
     ("PUT", "/v1/models/{model}/adapt"): (400, 404, 409, 413, 502),
+    ("PUT", "/v1/models/{model}/pin"): (400, 404, 413, 502),
     ("POST", "/v1/models/{model}/tune"): (400, 404, 409, 413, 502),
     ("GET", "/v1/models/{model}/tune"): (404, 502),
 }
@@ -47,7 +49,7 @@ OTHER_ERRORS = (400, 404, 409, 413, 500, 502)
 # A 422 is FastAPI's validation error (`detail`: a list of errors) or the controller's own
 # (`detail`: a message, `error`: the exception's name): one schema for both.
 UNPROCESSABLE: dict[str, Any] = {
-    "description": "malformed request or plan",
+    "description": ERROR_DESCRIPTIONS[422],
     "content": {"application/json": {"schema": {
         "type": "object",
         "required": ["detail"],

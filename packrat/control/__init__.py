@@ -17,6 +17,8 @@ passed down to the part that does each job:
     division    cores among models
     planning    profiles, plans, re-profiling
     tuning      tunes as jobs, and tuning on by default (AutoTuner)
+    pins        operator pins: a model set to a (mode, plan) is left as it is until unpinned
+    modecheck   whether a model may be set to a mode (supported here, not refused by its guard)
     health      GET /healthz
 
 Any exception in a tick is logged, counted (packrat_controller_tick_errors_total
@@ -47,6 +49,7 @@ from packrat.control.history import HISTORY_FILE, History
 from packrat.control.live import Observer, read_model_state
 from packrat.control.loop import Ticker
 from packrat.control.metrics import ControllerMetrics, LivePlans
+from packrat.control.pins import Pins
 from packrat.control.planning import Planner
 from packrat.control.recovery import attach
 from packrat.control.statefiles import (CORES_FILE, LAST_PLANS_FILE, POLICY_STATE_FILE, STATE_LOCK_FILE,
@@ -90,14 +93,16 @@ class Controller:
         self.swaps = Swaps(self.swapper, self.client, self.files, self.swap_history, self.metrics, clock,
                            settings.reapply_backoff_s, cores, self.shares.share_of)
         self.observer = Observer(settings.metrics_url, clock)
+        self.pins = Pins(self.files, policy, clock)
         self.jobs = Jobs()
         # Profiling and tuning jobs take turns: two runs on the same cores measure each other.
         self.turns = Turns()
         self.planner = Planner(self.state_dir, settings.model_store, self.swapper, cores, self.jobs, self.turns)
         self.tuning = Tuning(self.state_dir, settings.model_store, self.swapper, cores, self.jobs, self.turns,
-                             self.swaps, self.model_state, clock, settings.swap.ready_timeout_s, policy)
+                             self.swaps, self.model_state, clock, settings.swap.ready_timeout_s, policy,
+                             self.pins.pinned)
         self.ticker = Ticker(self.client, settings.model_store, policy, self.swaps, self.planner, self.shares,
-                             self.files, self.observer, self.metrics, clock)
+                             self.files, self.observer, self.metrics, clock, self.pins)
         self.last_tick_at: float | None = None  # time.monotonic() the tick loop last went round
 
     # The swap lock and the running swap live in self.swaps; these names are the controller's.
@@ -155,19 +160,23 @@ class Controller:
             adapt=self.policy.status(model) if self.policy is not None else None,
             tune=self.tune_status(model),
             share=self.share_of(model),
+            pin=self.pins.get(model),
         )
 
     # -- plans, profiles and tunes (st: the request's reading, else read here once) -------
     def profile_path(self, model: str) -> Path:
         return self.planner.profile_path(model)
 
-    def plan_for(self, model: str, batch: int, cores: int | None = None, *, st: ModelState | None = None) -> Plan:
-        """The optimiser's realisable plan for load `batch` from `model`'s profile (in its mode)."""
-        return self.planner.plan_for(st or self.model_state(model), batch, cores)
+    def plan_for(self, model: str, batch: int, cores: int | None = None, *, st: ModelState | None = None,
+                 mode: str | None = None) -> Plan:
+        """The optimiser's realisable plan for load `batch` from `model`'s profile in `mode`
+        (default: its live mode; another is checked: packrat.control.modecheck, ConfigError)."""
+        return self.planner.plan_for(st or self.model_state(model), batch, cores, mode)
 
-    def explicit_plan(self, model: str, shape: Sequence[tuple[int, int]], *, st: ModelState | None = None) -> Plan:
-        """A plan of the given (threads, batch cap) workers in the live mode."""
-        return self.planner.explicit_plan(st or self.model_state(model), shape)
+    def explicit_plan(self, model: str, shape: Sequence[tuple[int, int]], *, st: ModelState | None = None,
+                      mode: str | None = None) -> Plan:
+        """A plan of the given (threads, batch cap) workers in `mode` (default: the live mode)."""
+        return self.planner.explicit_plan(st or self.model_state(model), shape, mode)
 
     def start_profile(self, model: str, *, max_batch: int, budget_s: float | None, cores: int | None = None,
                       st: ModelState | None = None) -> Job:
@@ -204,9 +213,28 @@ class Controller:
         """
         return self.swaps.start(model, plan)
 
-    def apply(self, model: str, plan: Plan) -> SwapRecord:
-        """Swap `model` to `plan` and wait for the result (the swap runs on the swap thread)."""
-        return self.swaps.apply(model, plan)
+    def apply(self, model: str, plan: Plan, *, pin: bool = False, st: ModelState | None = None) -> SwapRecord:
+        """Swap `model` to `plan` and wait for the result (the swap runs on the swap thread).
+        `pin`: pin the model to it (packrat.control.pins), before the swap starts; the pin
+        it had before comes back if the swap fails."""
+        if not pin:
+            return self.swaps.apply(model, plan)
+        old = self.pins.pin(model, plan, plan.mode or (st.mode if st is not None else None))
+        try:
+            return self.swaps.apply(model, plan)
+        except BaseException:
+            self.pins.restore(model, old)
+            raise
+
+    def pin(self, model: str, *, st: ModelState | None = None) -> dict[str, Any]:
+        """Pin `model` to what is live now (no swap); returns the pin."""
+        st = st or self.model_state(model)
+        self.pins.pin(model, st.plan, st.mode)
+        return self.pins.get(model) or {}
+
+    def unpin(self, model: str) -> dict[str, Any] | None:
+        """Let the re-plan loop and the tuner act on `model` again; returns the pin removed."""
+        return self.pins.unpin(model)
 
     def watch(self, models: Sequence[str]) -> list[str]:
         """Apply the last plan again where its version is no longer loaded (TorchServe restarted)."""

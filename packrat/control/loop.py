@@ -4,6 +4,10 @@ re-plan policy over every model, each model read once (its ModelState) for the r
 Swaps start on the swap thread (a tick returns at once). An exception in one part
 of a tick is logged and counted (packrat_controller_tick_errors_total), and the
 other parts and models still get their turn.
+
+A model an operator pinned (packrat.control.pins) is still handed to the policy, so
+its estimate goes on, but with the policy switched off for it (the "disabled" rule),
+and the idle-footprint move leaves it alone.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from packrat.apply.client import ManagementClient
 from packrat.control.division import CoreDivision
 from packrat.control.live import Observer, read_model_state
 from packrat.control.metrics import ControllerMetrics
+from packrat.control.pins import Pins
 from packrat.control.planning import Planner
 from packrat.control.statefiles import StateFiles
 from packrat.control.swaps import Swaps
@@ -31,10 +36,10 @@ log = logging.getLogger("packrat.controller")
 class Ticker:
     def __init__(self, client: ManagementClient, model_store: Path, policy: Policy | None, swaps: Swaps,
                  planner: Planner, shares: CoreDivision, files: StateFiles, observer: Observer,
-                 metrics: ControllerMetrics, clock: Callable[[], float]) -> None:
+                 metrics: ControllerMetrics, clock: Callable[[], float], pins: Pins) -> None:
         self.client, self.model_store, self.policy, self.swaps = client, model_store, policy, swaps
         self.planner, self.shares, self.files, self.observer = planner, shares, files, observer
-        self.metrics, self.clock = metrics, clock
+        self.metrics, self.clock, self.pins = metrics, clock, pins
         self.unreachable = False  # TorchServe's management API did not answer the last tick
 
     def guarded(self, where: str, fn: Callable[[], Any]) -> Any:
@@ -94,6 +99,7 @@ class Ticker:
                     profiles: tuple[Profile, ...]) -> bool:
         """Hand the policy this model's TickContext, keep its state, start the swap it asks for."""
         model = st.model
+        self.pins.hold(model)  # a pinned model: the policy's "disabled" rule, also after a restart
         profile = self.planner.profile_path(model)
         plan = st.plan
         if profiles and plan is not None and plan.mode is None:
@@ -124,7 +130,8 @@ class Ticker:
     def _footprint(self, states: dict[str, ModelState]) -> list[str]:
         """Move one model idle for idle_footprint_after_s onto the shared core (1 worker,
         1 thread), while other models have load; returns the model moved, if any."""
-        move = self.shares.footprint(states, self.clock(), self.planner.live_mode_override)
+        unpinned = {m: st for m, st in states.items() if not self.pins.pinned(m)}  # a pin stays where it is
+        move = self.shares.footprint(unpinned, self.clock(), self.planner.live_mode_override)
         if move is None:
             return []
         model, plan, idle_s = move

@@ -14,6 +14,7 @@ from typing import Any
 from packrat.apply import versions
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of
+from packrat.control.modecheck import mode_refusal
 from packrat.control.values import ModelState
 from packrat.errors import ConfigError, PackratError, ProfileError
 from packrat.jobs import Job, Jobs, Turns
@@ -56,13 +57,35 @@ class Planner:
         return load_profile(path)
 
     def _live_mode_profile(self, st: ModelState) -> Profile | None:
-        if st.mode is None:
-            return None
+        return self.mode_profile(st, st.mode) if st.mode is not None else None
+
+    def mode_profile(self, st: ModelState, mode: str) -> Profile | None:
+        """The model's per-mode profile of `mode`, when still valid for the base archive and
+        this machine (packrat.profile.library); None when there is none."""
         _, base_dir = base_of(self.swapper, self.model_store, st)
         for prof in usable_profiles(self.state_dir, st.model, base_dir):
-            if prof.fingerprint is not None and prof.fingerprint.mode == st.mode:
+            if prof.fingerprint is not None and prof.fingerprint.mode == mode:
                 return prof
         return None
+
+    def _profile_in(self, st: ModelState, mode: str) -> Profile:
+        """The profile to plan `st.model` from in `mode` (an operator's choice); ProfileError
+        when that mode was never profiled here."""
+        if mode == st.mode:
+            return self.profile(st)
+        found = self.mode_profile(st, mode)
+        if found is None:
+            raise ProfileError(
+                f"no profile of {st.model!r} in {mode} for this archive and machine: tune with that mode "
+                f'(POST /v1/models/{st.model}/tune {{"modes": ["{mode}"]}}) or give explicit `instances`')
+        return found
+
+    def check_mode(self, st: ModelState, mode: str) -> None:
+        """ConfigError naming why `st.model` may not run `mode` (packrat.control.modecheck)."""
+        base, base_dir = base_of(self.swapper, self.model_store, st)
+        why = mode_refusal(self.state_dir, st, base, base_dir, mode)
+        if why:
+            raise ConfigError(why)
 
     def tick_profiles(self, st: ModelState) -> tuple[Profile, ...]:
         """The per-mode profiles of `st.model` usable now (archive hash and fingerprint checked)."""
@@ -81,24 +104,29 @@ class Planner:
         base_mode = versions.served_mode(base_dir)
         return st.mode if st.mode is not None and st.mode != base_mode else None
 
-    def plan_for(self, st: ModelState, batch: int, cores: int | None = None) -> Plan:
-        """The optimiser's realisable plan for load `batch` from the model's profile (in its mode)."""
+    def plan_for(self, st: ModelState, batch: int, cores: int | None = None, mode: str | None = None) -> Plan:
+        """The optimiser's realisable plan for load `batch` from the model's profile in `mode`
+        (default: its live mode)."""
         ncores = cores or len(self.cores)
         if ncores > len(self.cores):
             raise ConfigError(f"cores {ncores} exceeds the {len(self.cores)} usable cores")
-        profile = self.profile(st)
+        if mode is not None:
+            self.check_mode(st, mode)
+        profile = self.profile(st) if mode is None else self._profile_in(st, mode)
         plan = realizable_plan(profile, ncores, batch)
-        mode = profile.fingerprint.mode if profile.fingerprint is not None else None
-        return replace(plan, mode=mode or self.live_mode_override(st))
+        found = profile.fingerprint.mode if profile.fingerprint is not None else None
+        return replace(plan, mode=mode or found or self.live_mode_override(st))
 
-    def explicit_plan(self, st: ModelState, shape: Sequence[tuple[int, int]]) -> Plan:
-        """A plan of the given (threads, batch cap) workers in the live mode, predicted from
-        the profile if it has them."""
+    def explicit_plan(self, st: ModelState, shape: Sequence[tuple[int, int]], mode: str | None = None) -> Plan:
+        """A plan of the given (threads, batch cap) workers in `mode` (default: the live mode),
+        predicted from that mode's profile if it has them."""
+        if mode is not None:
+            self.check_mode(st, mode)
         try:
-            profile: Profile | None = self.profile(st)
+            profile: Profile | None = self.profile(st) if mode is None else self._profile_in(st, mode)
         except ProfileError:
             profile = None  # explicit plans need no profile; they just have no prediction
-        return replace(plan_from_shape(shape, len(self.cores), profile), mode=self.live_mode_override(st))
+        return replace(plan_from_shape(shape, len(self.cores), profile), mode=mode or self.live_mode_override(st))
 
     def start_profile(self, st: ModelState, *, max_batch: int, budget_s: float | None,
                       cores: int | None = None) -> Job:

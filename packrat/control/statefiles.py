@@ -7,6 +7,7 @@ What TorchServe does not know lives in the state dir (`.packrat/` by default):
     profiles/<m>/<mode>.json  one profile per execution mode (packrat.profile.library)
     tune/<m>.json      the last tune of each model: stages, modes, refusals, choice
     cores.json         how the usable cores are divided among the models (packrat.plan.share)
+    pins.json          the models an operator pinned to a (mode, plan) (packrat.control.pins)
     profiles/<m>.json  profiles made through the REST API
     controller.lock    flock: one controller per state dir
 
@@ -35,6 +36,7 @@ from packrat.types import SwapRecord
 POLICY_STATE_FILE = "policy-state.json"
 LAST_PLANS_FILE = "last-plans.json"
 CORES_FILE = "cores.json"
+PINS_FILE = "pins.json"
 STATE_LOCK_FILE = "controller.lock"
 # In the model store: one controller per TorchServe (hidden: TorchServe's store scan skips it).
 STORE_LOCK_FILE = ".packrat-controller.lock"
@@ -132,3 +134,10 @@ class StateFiles:
 
     def save_division(self, data: dict[str, Any]) -> None:
         write_state(self.dir / CORES_FILE, data)
+
+    # -- operator pins ---------------------------------------------------------------
+    def pins(self) -> dict[str, dict[str, Any]]:
+        return read_state(self.dir / PINS_FILE)
+
+    def save_pins(self, pins: dict[str, dict[str, Any]]) -> None:
+        write_state(self.dir / PINS_FILE, pins)

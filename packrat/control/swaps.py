@@ -111,13 +111,17 @@ class Swaps:
         assert task.record is not None
         return task.record
 
-    def apply_when_free(self, model: str, plan: Plan, timeout_s: float) -> SwapRecord:
+    def apply_when_free(self, model: str, plan: Plan, timeout_s: float,
+                        wanted: Callable[[], bool] = lambda: True) -> SwapRecord | None:
         """apply(), waiting up to `timeout_s` for a running swap (the re-plan loop's, a REST
-        apply) to end first; BusyError when none ended in time."""
+        apply) to end first; BusyError when none ended in time. None, and nothing applied, when
+        `wanted()` turns false before it starts (an operator pinned the model meanwhile)."""
         deadline = time.monotonic() + timeout_s
         while True:
             with self._freed:
                 seen = self._releases
+            if not wanted():
+                return None
             try:
                 return self.apply(model, plan)
             except BusyError:

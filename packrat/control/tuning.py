@@ -10,7 +10,11 @@ measures at a time) for each Packrat model whose last tune
   - was made for another key       (the base archive's content hash changed: a new
                                     archive version registered; or the machine's
                                     fingerprint changed: CPU, cores, allocator, torch),
-  - was interrupted                (the controller stopped mid-tune).
+  - was interrupted                (the controller stopped mid-tune),
+
+unless an operator pinned the model (packrat.control.pins): a pinned model is
+not tuned (an explicit tune is refused too), and a tune that was running when
+the pin came does not apply its choice.
 
 A tune that failed for the same key is not retried automatically (it would
 fail again in a loop); POST /v1/models/{m}/tune retries it. Models whose
@@ -62,11 +66,13 @@ class Tuning:
 
     def __init__(self, state_dir: Path, model_store: Path, swapper: Swapper, cores: Sequence[int], jobs: Jobs,
                  turns: Turns, swaps: Swaps, read_state: Callable[[str], ModelState],
-                 clock: Callable[[], float], apply_wait_s: float, policy: Policy | None) -> None:
+                 clock: Callable[[], float], apply_wait_s: float, policy: Policy | None,
+                 pinned: Callable[[str], bool] = lambda model: False) -> None:
         self.state_dir, self.model_store, self.swapper = state_dir, model_store, swapper
         self.cores = tuple(cores)
         self.jobs, self.turns, self.swaps, self.read_state = jobs, turns, swaps, read_state
         self.clock, self.apply_wait_s, self.policy = clock, apply_wait_s, policy
+        self.pinned = pinned  # an operator pinned the model: no tune, no tune's choice applied
         self._tunes: dict[str, tune.Tracker] = {}  # model -> the tracker of its latest tune
 
     def key(self, st: ModelState) -> dict[str, Any] | None:
@@ -101,6 +107,9 @@ class Tuning:
         if st.mode is None or not (base_dir / "packrat_handler.py").is_file():
             raise ConfigError(f"{model}: its live version is not a Packrat archive (no packrat_handler.py "
                               "or packrat.task); nothing to tune")
+        if self.pinned(model):
+            raise BusyError(f"{model} is pinned by an operator: unpin it first "
+                            f'(PUT /v1/models/{model}/pin {{"pinned": false}})')
         if self.jobs.unfinished("tune", model) is not None:
             raise BusyError(f"a tune of {model} is already queued or running")
         o = options
@@ -151,8 +160,15 @@ class Tuning:
         if live_plan is not None and same_shape(live_plan, plan) and live_plan.mode == plan.mode:
             swap = {"outcome": "already live", "version": live.version}
         else:
-            # Another swap (the re-plan loop's, a REST apply) may be running: wait for its end.
-            swap = self.swaps.apply_when_free(model, plan, self.apply_wait_s).to_dict()
+            # Another swap (the re-plan loop's, a REST apply) may be running: wait for its end,
+            # unless an operator pins the model meanwhile.
+            record = self.swaps.apply_when_free(model, plan, self.apply_wait_s,
+                                                wanted=lambda: not self.pinned(model))
+            if record is None:
+                tracker.set(state="done", stage="pinned", text=f"not applied (pinned by an operator): {summary}",
+                            swap={"outcome": "not applied: pinned"}, finished=self.clock(), key=key)
+                return tracker.snapshot()
+            swap = record.to_dict()
         tracker.set(state="done", stage="applied", text=f"applied {summary}", swap=swap,
                     finished=self.clock(), key=key)
         return tracker.snapshot()
@@ -196,6 +212,8 @@ class AutoTuner:
                 key = c.tuning.key(st)
                 if key is None:
                     continue  # not a Packrat archive
+                if c.pins.pinned(model):
+                    continue  # the operator's (mode, plan) stays
                 running = c.jobs.unfinished("tune", model) is not None
                 why = why_tune(c.tune_status(model) if not running else None, key, running)
                 if why is None:

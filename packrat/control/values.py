@@ -79,3 +79,4 @@ class ModelStatus:
     adapt: dict[str, Any] | None  # the re-plan loop's view, if it runs
     tune: dict[str, Any] | None = None  # the model's last or running tune (packrat.tune.Tracker)
     share: tuple[int, ...] | None = None  # the cores this model may use now (cores among models)
+    pin: dict[str, Any] | None = None  # the operator's pin (packrat.control.pins), None: not pinned

@@ -1,0 +1,60 @@
+"""Whether an operator may set a model to an execution mode (an apply with `mode`).
+
+A mode is refused, with the reason, when
+
+  - it is not "<precision>-<runtime>" of known names (packrat.modes);
+  - the live version is not a Packrat archive (it has no modes);
+  - the model's last tune refused it for this archive: its accuracy guard failed,
+    or the worker refused the precision (packrat.tune's record, tune/<m>.json);
+  - this machine cannot run it for this archive (packrat.tune.unsupported: the CPU's
+    bf16/int8 flags, which runtimes import, the task's rules).
+
+The live mode and the archive's own mode are always allowed: they serve already.
+What the machine runs comes from the last tune's record when it was made for this
+archive and machine (its probe's capabilities), else from a fresh probe of the
+archive (packrat.profile.probe: a child interpreter, a few seconds).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from packrat import tune
+from packrat.apply import versions
+from packrat.control.values import ModelState
+from packrat.modes import ExecutionMode
+from packrat.profile.probe import Capabilities, probe_archive
+
+
+def mode_refusal(state_dir: Path, st: ModelState, base: str, base_dir: Path, mode: str) -> str | None:
+    """Why `st.model` may not run `mode` now (None: it may). `mode` is normalised (lower case)."""
+    try:
+        why = ExecutionMode.parse(mode).unknown()
+    except ValueError as exc:
+        return str(exc)
+    if why:
+        return f"{mode}: {why}"
+    if st.mode is None:
+        return f"{st.model}'s live version is not a Packrat archive: it has no execution modes"
+    if mode in (st.mode, versions.served_mode(base_dir)):
+        return None
+    record = tune.load_record(state_dir, st.model) or {}
+    key = tune.tune_key(base_dir, base)
+    entry = (record.get("modes") or {}).get(mode) or {}
+    if entry.get("state") == "refused" and entry.get("model_id") in (None, key["model_id"]):
+        reason = " ".join(str(entry.get("reason") or "").split())[:500]
+        return f"{mode} failed its accuracy guard for {st.model} in the last tune: {reason}"
+    why = tune.unsupported(mode, _capabilities(record, key, base_dir))
+    return f"{mode} is not supported for {st.model} on this machine: {why}" if why else None
+
+
+def _capabilities(record: dict[str, Any], key: dict[str, Any], base_dir: Path) -> Capabilities:
+    """What this machine runs for the archive: the last tune's probe when the tune was made for
+    this archive and machine, else a fresh probe."""
+    caps = record.get("capabilities")
+    if isinstance(caps, dict) and record.get("key") == key and "mode" in caps:
+        return Capabilities(task=caps.get("task"), mode=caps["mode"], runtimes=tuple(caps.get("runtimes") or ()),
+                            bf16=caps.get("bf16"), unavailable=dict(caps.get("unavailable") or {}),
+                            int8=caps.get("int8"))
+    return probe_archive(base_dir)
