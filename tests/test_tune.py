@@ -64,7 +64,7 @@ def test_candidate_modes_follow_the_machine_and_the_task() -> None:
     assert modes == ["fp32-eager", "fp32-torchscript"] and "not installed" in skipped["fp32-openvino"]
     # GPT-2: eager only, over precision, even when every mode is asked for.
     modes, skipped = candidate_modes(_caps("text-generation"), ["all"])
-    assert modes == ["fp32-eager", "bf16-eager", "int8-eager"]
+    assert modes == ["fp32-eager", "bf16-eager", "bf16w-eager", "int8-eager"]
     assert "eager only" in skipped["fp32-openvino"]
     # Modes ONNX Runtime / inductor cannot run are never candidates.
     modes, skipped = candidate_modes(_caps("text-classification"), ["all"])

@@ -6,7 +6,7 @@ callable with the same signature. The execution *mode* is
 `<packrat.precision>-<packrat.runtime>` from model_config.yaml
 (packrat.modes.ExecutionMode):
 
-    precision  fp32 | bf16 | int8 | int8s    (see precision.py, quantize_static.py)
+    precision  fp32 | bf16 | bf16w | int8 | int8s  (see precision.py, quantize_static.py)
     runtime    eager | torchscript | inductor | onnxruntime | openvino | ipex
                (one module each under runtimes/, registered in RUNTIMES below)
 

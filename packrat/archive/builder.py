@@ -33,7 +33,9 @@ from packrat.modes import (
     PRECISIONS,
     RUNTIMES,
     TEXT_GENERATION,
+    ExecutionMode,
     int8s_runtime_refusal,
+    pairing_refusal,
     int8s_task_refusal,
     task_refusal,
 )
@@ -79,6 +81,8 @@ def _check(name: str, options: ArchiveOptions, task: str) -> None:
                            "(docs/modes.md)")
     if task_refusal(task, options.runtime):
         raise ArchiveError("text-generation runs eager only (the generation loop is not traced)")
+    if options.precision == "bf16w" and pairing_refusal(ExecutionMode(options.precision, options.runtime)):
+        raise ArchiveError(pairing_refusal(ExecutionMode(options.precision, options.runtime)))
     for label, value in (("--batch-size", options.batch_size), ("--workers", options.workers)):
         if value < 1:
             raise ArchiveError(f"{label} must be >= 1, got {value}")

@@ -26,7 +26,8 @@ def register(app: typer.Typer) -> None:
                                            "text-generation | image-classification | noop"),
         runtime: str = typer.Option("eager", help="eager | torchscript (frozen graph) | inductor | "
                                     "onnxruntime | openvino | ipex (docs/modes.md)"),
-        precision: str = typer.Option("fp32", help="fp32 | bf16 | int8 | int8s (docs/modes.md)"),
+        precision: str = typer.Option("fp32", help="fp32 | bf16 | bf16w (bf16 weights, eager) | int8 | int8s "
+                                      "(docs/modes.md)"),
         batch_size: int = typer.Option(1, help="TorchServe batchSize in model_config.yaml"),
         max_batch_delay: int = typer.Option(5, help="TorchServe maxBatchDelay (ms)"),
         max_new_tokens_cap: Optional[int] = typer.Option(None, help="text-generation: upper bound "

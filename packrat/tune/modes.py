@@ -3,12 +3,12 @@
     candidate_modes(caps, requested=None) -> (modes to try, {mode: why not})
 
 A mode is "<precision>-<runtime>" (docs/modes.md). It is a candidate when the
-machine supports it (packrat.profile.probe.Capabilities: bf16 only with
-native bf16, a runtime only where it imports) and the task can run it
-(text-generation: eager only; no bf16 on ONNX Runtime; no int8 on inductor
-or IPEX; int8s — int8-static, calibrated — only on ONNX Runtime and OpenVINO,
-with its quantisation tool importable, on a CPU with VNNI or AMX int8, and
-never for text-generation). The archive's own mode always comes first: it is what serves until
+machine supports it (packrat.profile.probe.Capabilities: bf16 and bf16w only
+with native bf16, a runtime only where it imports) and the task can run it
+(text-generation: eager only; no bf16 on ONNX Runtime; bf16w on eager only;
+no int8 on inductor or IPEX; int8s — int8-static, calibrated — only on ONNX
+Runtime and OpenVINO, with its quantisation tool importable, on a CPU with
+VNNI or AMX int8, and never for text-generation). The archive's own mode always comes first: it is what serves until
 a mode more than 3 % faster is found (packrat.plan.MODE_MARGIN), and it wins within that.
 
 Without `requested`, the candidates are a short list per task — the modes
@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from packrat.modes import (
+    BF16_PRECISIONS,
     ExecutionMode,
     every_mode,
     int8s_runtime_refusal,
@@ -38,7 +39,11 @@ ALL = "all"
 # docs/modes-benchmark.md (2-core Xeon with AMX and 2-core EPYC with avx512_bf16):
 # encoders: bf16-openvino 4-5x, int8-onnxruntime ~3x over fp32 eager (fp32
 # OpenVINO/ONNX Runtime ~1.1x); ResNet-50: bf16-openvino 5-8x, bf16-torchscript
-# ~3x (fp32 runtimes 1.3x); GPT-2 runs eager only, so only the precision varies.
+# ~3x (fp32 runtimes 1.3x); GPT-2 runs eager only, so only the precision varies:
+# bf16w (bf16 weights), not bf16 autocast, which re-casts the fp32 weights on every
+# call of the decoding loop: batch 8 x 20 tokens on the AMX Xeon took 1.35-1.41 s in
+# fp32, 1.95-2.01 s under autocast, 0.63 s with bf16 weights (issue 35); on the EPYC
+# see docs/benchmarks/gen-bf16w-epyc.md. bf16-eager is still tried on request.
 # int8s-openvino (int8-static through NNCF): on the 2-core EPYC (VNNI, no AMX),
 # through TorchServe at B=8, ResNet-50 1.82x and BERT-base 1.74x bf16-openvino's
 # throughput (docs/modes-benchmark.md, "int8-static"); offered only with VNNI/AMX
@@ -47,7 +52,7 @@ SHORTLIST: dict[str, tuple[str, ...]] = {
     "text-classification": ("bf16-openvino", "int8-onnxruntime", "int8s-openvino"),
     "feature-extraction": ("bf16-openvino", "int8-onnxruntime", "int8s-openvino"),
     "image-classification": ("bf16-openvino", "bf16-torchscript", "int8s-openvino"),
-    "text-generation": ("bf16-eager", "int8-eager"),
+    "text-generation": ("bf16w-eager", "int8-eager"),
     "noop": (),  # no model: only the shape is tuned
 }
 
@@ -70,7 +75,7 @@ def unsupported(mode: str, caps: Capabilities) -> str | None:
     why = task_refusal(caps.task, parsed.runtime)
     if why:
         return why
-    if parsed.precision == "bf16" and caps.bf16:
+    if parsed.precision in BF16_PRECISIONS and caps.bf16:
         return caps.bf16
     if parsed.runtime in caps.unavailable:
         return caps.unavailable[parsed.runtime]
