@@ -33,7 +33,8 @@ def _store(tmp_path: Path) -> Path:
     (base / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(
         {"runtime": "python", "model": {"modelName": "m", "modelVersion": "1.0",
                                         "handler": "packrat_handler.py", "configFile": "model_config.yaml"}}))
-    (base / "model_config.yaml").write_text(yaml.safe_dump({"minWorkers": 1, "maxWorkers": 1, "packrat": {"task": "noop"}}))
+    config = {"minWorkers": 1, "maxWorkers": 1, "packrat": {"task": "noop"}}
+    (base / "model_config.yaml").write_text(yaml.safe_dump(config))
     for name in ("a.bin", "b.bin", "packrat_handler.py"):
         (base / name).write_bytes(b"\0" * 64)
     return tmp_path

@@ -73,7 +73,7 @@ from packrat_tasks import cache_entries
 log = logging.getLogger(__name__)
 
 DEFAULT_NAME = ".packrat-build-cache"
-COMPLETE = ".complete"  # written last inside a build; a key dir without it is not used
+COMPLETE = cache_entries.COMPLETE  # written last inside a build; a key dir without it is not used
 KEY_FILE = "key.json"  # the key in clear, for a human looking at the cache
 # Files and directories that never enter the digest.
 SKIP_DIRS = {"__pycache__", "MAR-INF", DEFAULT_NAME, ".git"}
@@ -397,7 +397,8 @@ def build_once(key_dir: Path, build: Callable[[Path], None],
         if not replace and use(key_dir):  # built by another process while we waited
             return key_dir
         if key_dir.exists() or key_dir.is_symlink():  # damaged, half or replaced: never trusted
-            cache_entries.discard(key_dir, "replaced" if replace else "incomplete")
+            cache_entries.discard(key_dir, "replaced by a new build" if replace else "incomplete",
+                                  logging.INFO if replace else logging.WARNING)
         tmp = key_dir.parent / f".{key_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         os.mkdir(tmp, 0o700)
         try:

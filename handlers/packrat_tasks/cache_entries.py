@@ -182,9 +182,9 @@ def _remove(key_dir: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def discard(key_dir: Path, why: str) -> None:
+def discard(key_dir: Path, why: str, level: int = logging.WARNING) -> None:
     """Remove a damaged entry, whoever holds it (they loaded it already; it is not loaded again)."""
-    log.warning("build cache: removing %s: %s", key_dir, why)
+    log.log(level, "build cache: removing %s: %s", key_dir, why)
     held = _held.pop(str(key_dir), None)
     if held is not None:
         os.close(held)
