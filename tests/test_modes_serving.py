@@ -55,6 +55,7 @@ IMAGE_MODES = [
 GEN_MODES = [
     ("gpt2-fp32-eager", "fp32", "eager", True),
     ("gpt2-bf16-eager", "bf16", "eager", BF16),
+    ("gpt2-bf16w-eager", "bf16w", "eager", BF16),  # bf16 weights (issue 35)
 ]
 # int8 differs from fp32 by ~1e-4 in probability here; 0 tolerance must refuse it.
 STRICT = {"max_prob_diff": 0.0}
