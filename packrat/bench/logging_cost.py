@@ -18,6 +18,7 @@ from packrat.bench.loadgen import Target, closed_loop
 from packrat.bench.machine import describe_machine
 from packrat.bench.mode_runs import Results, build_archive, last_run, load_mode
 from packrat.server import RunningServer, start_torchserve
+from packrat import settings
 
 CONFIGS = {"torchserve": "torchserve", "packrat": ""}  # PACKRAT_TS_LOG_CONFIG per configuration
 
@@ -67,9 +68,9 @@ def measure(mode: str, rounds: int, requests: int, text: str, out: Path, command
             for config, value in CONFIGS.items():
                 workdir = Path(tmp) / f"ts-{config}-{r}"
                 env = dict(os.environ)
-                env.pop("PACKRAT_TS_LOG_CONFIG", None)
+                env.pop(settings.get("ts_log_config").env, None)
                 if value:
-                    env["PACKRAT_TS_LOG_CONFIG"] = value
+                    env[settings.get("ts_log_config").env] = value
                 server = start_torchserve(store, workdir, env=env)
                 try:
                     for name, payload, ctype in (("noop", b'{"x": 1}', "application/json"), ("text", body, "text/plain")):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from packrat.bench.machine import describe_machine
 from packrat.bench.paths import BENCH_OUT
+from packrat import settings
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ def run(archive: Path, forked: bool, how: ProfileRun) -> dict:
                "--point-budget", str(how.point_budget_s), "-q", "-o", str(out)]
         if how.budget_s:
             cmd += ["--budget", str(how.budget_s)]
-        env = {**os.environ, "PACKRAT_FORKSERVER": "1" if forked else "0"}
+        env = {**os.environ, settings.get("forkserver").env: "1" if forked else "0"}
         started = time.monotonic()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         wall = time.monotonic() - started

@@ -27,6 +27,7 @@ from packrat.bench.machine import describe_machine
 from packrat.bench.sleepmodel import copy_sleep_model
 from packrat.bench.swap_shapes import thin_and_fat
 from packrat.server import start_torchserve
+from packrat import settings
 
 MODEL = "soak"
 THIN, FAT = thin_and_fat()
@@ -79,7 +80,7 @@ def soak(swaps: int, rate: float, hold_every: int, max_minutes: float, out: Path
     store.mkdir(parents=True)
     copy_sleep_model(store, MODEL)
     slot_dir = out / "slots"
-    os.environ["PACKRAT_SLOT_DIR"] = str(slot_dir)  # this process reads the workers' status files
+    os.environ[settings.get("slot_dir").env] = str(slot_dir)  # this process reads the workers' status files
     server = start_torchserve(store, out / "ts", slot_dir=slot_dir)
     records: list[dict] = []
     holds: list[dict] = []

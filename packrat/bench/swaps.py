@@ -30,6 +30,7 @@ from packrat.bench.paths import BENCH_OUT
 from packrat.bench.swap_shapes import thin_and_fat
 from packrat.server import RunningServer, start_torchserve
 from packrat.types import Plan
+from packrat import settings
 
 TARGET_P50_S, TARGET_MAX_S, TARGET_P99_RATIO = 5.0, 8.0, 1.5
 
@@ -224,7 +225,7 @@ def _summary(done: _Swaps, samples: list[Sample], sampler: CpuSampler, refs: lis
         # one, or after it went live (the old one draining, the new one's first batches).
         "during_loading": latency_summary(in_windows(after, done.loading)),
         "during_draining": latency_summary(in_windows(after, done.draining)),
-        "load_nice": os.environ.get("PACKRAT_LOAD_NICE"),
+        "load_nice": settings.value("load_nice"),
         "all_requests": latency_summary(samples),
         "reference_labels": refs,
         "answers_with_another_top_label": changed,
@@ -254,7 +255,7 @@ def measure_swaps(models: list[str], modes: list[str], swaps: int, clients: int,
               "command": command, "loadavg_before": os.getloadavg(), "clients": clients, "swaps": swaps,
               "steady_s": steady_s, "forkserver": forkserver.enabled(), "runs": []}
     server = start_torchserve(store, BENCH_OUT / "swaps-ts", slot_dir=BENCH_OUT / "swaps-slots")
-    os.environ["PACKRAT_SLOT_DIR"] = str(server.slot_dir)  # the Swapper reads the workers' status files
+    os.environ[settings.get("slot_dir").env] = str(server.slot_dir)  # the Swapper reads the workers' status files
     try:
         client = server.management_client()
         swapper = Swapper(client, store, cores=[0, 1], settings=SwapSettings())

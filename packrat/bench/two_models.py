@@ -20,6 +20,7 @@ from packrat.bench.machine import describe_machine
 from packrat.bench.run import sample_request
 from packrat.server import RunningServer
 from packrat.types import Instance, Plan
+from packrat import settings
 
 Configs = dict[str, dict[str, tuple[Plan, list[int]]]]  # config -> model -> (plan, cores)
 
@@ -88,7 +89,7 @@ def bench_two_models(models: list[str], clients: int, seconds: float, rounds: in
         build_named(m, store, m, ArchiveOptions(batch_size=1), reuse_current=True)
     server = start_torchserve(store, out / "torchserve", slot_dir=out / "slots",
                               extra_properties={"token_expiration_min": "480"})
-    os.environ["PACKRAT_SLOT_DIR"] = str(server.slot_dir)  # the swapper reads the workers' status files
+    os.environ[settings.get("slot_dir").env] = str(server.slot_dir)  # the swapper reads the workers' status files
     rows: list[dict] = []
     try:
         for m in models:
