@@ -1,10 +1,12 @@
 """Frozen value types that cross stage boundaries (profile -> plan -> apply -> observe -> control).
 
 No loose dicts between stages: a profile, a plan, a swap record, an
-observation and what a re-plan policy sees at a tick are these. A plan has one
-wire format, `Plan.to_dict()` / `Plan.from_dict()`, used by the CLI, the REST
-API, version directories, decision lines and the bench; profiles have theirs
-in packrat.profile.store.
+observation, what a re-plan policy sees at a tick, its estimate and decision,
+and a tune's record are these. A plan has one wire format, `Plan.to_dict()` /
+`Plan.from_dict()`, used by the CLI, the REST API, version directories,
+decision lines and the bench; a decision (a line of decisions.jsonl, the REST
+status) and a tune record (<state>/tune/<model>.json) have theirs the same
+way; profiles have theirs in packrat.profile.store.
 """
 
 from __future__ import annotations
@@ -242,6 +244,196 @@ class Observation:
     pending_requests: int | None = None
 
 
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def _num(d: dict[str, Any], key: str, what: str, default: Any = None) -> Any:
+    """d[key] as a number (int or float, not bool), `default` when absent or null."""
+    v = d.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"malformed {what}: {key} is {v!r}, not a number")
+    return v
+
+
+def _opt(d: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    """d[key] when it is a `kind` or null/absent (None); ValueError naming the key otherwise."""
+    v = d.get(key)
+    if v is not None and not isinstance(v, kind):
+        raise ValueError(f"malformed {what}: {key} is {v!r}")
+    return v
+
+
+def _object(d: Any, what: str) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise ValueError(f"malformed {what}: {d!r} is not an object")
+    return d
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The live batch B of a model at one tick (packrat.observe.estimator)."""
+
+    time_s: float
+    model: str
+    batch: int  # smoothed B: the majority of recent rounded EWMA values
+    ready: bool  # False until a majority of windows agreed (batch is then the prior one)
+    concurrency: float | None = None  # raw Little's-law value of this window
+    ewma: float | None = None
+    rounded: int | None = None  # EWMA rounded to a power of two
+    request_rate: float | None = None  # arrivals per second in the window
+    mean_latency_ms: float | None = None  # Δ latency / Δ requests in the window
+    mean_queue_ms: float | None = None
+    span_s: float | None = None
+    idle: bool = False  # no request arrived or finished in the window
+    reset: bool = False  # counters went backwards: TorchServe restarted
+    step: bool = False  # B jumped this tick (the step detector; the window restarted at the step)
+
+    @property
+    def mean_service_ms(self) -> float | None:
+        """Mean time from a worker taking a request off the queue to the response:
+        what a profile predicts, without the waiting for a free worker."""
+        if self.mean_latency_ms is None or self.mean_queue_ms is None:
+            return None
+        return self.mean_latency_ms - self.mean_queue_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, unrounded (a decision line carries a rounded subset: Decision.to_dict)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Estimate:
+        """Read `to_dict()`'s output back; ValueError names what is malformed."""
+        d = _object(d, "estimate")
+        if not isinstance(d.get("model"), str):
+            raise ValueError(f"malformed estimate: model is {d.get('model')!r}")
+        return cls(time_s=float(_num(d, "time_s", "estimate", 0.0)), model=d["model"],
+                   batch=int(_num(d, "batch", "estimate", 1)), ready=bool(d.get("ready")),
+                   **_estimate_figures(d, "estimate"), span_s=_num(d, "span_s", "estimate"))
+
+
+def _estimate_figures(d: dict[str, Any], what: str) -> dict[str, Any]:
+    """The figures an estimate shares with a decision line's "estimate" object."""
+    rounded = _num(d, "rounded", what)
+    return {"concurrency": _num(d, "concurrency", what), "ewma": _num(d, "ewma", what),
+            "rounded": None if rounded is None else int(rounded),
+            "request_rate": _num(d, "request_rate", what),
+            "mean_latency_ms": _num(d, "mean_latency_ms", what),
+            "mean_queue_ms": _num(d, "mean_queue_ms", what),
+            "idle": bool(d.get("idle")), "reset": bool(d.get("reset")), "step": bool(d.get("step"))}
+
+
+@dataclass(frozen=True)
+class Correction:
+    """Per-model gap between observed and profiled latency (packrat.observe.policy's module doc)."""
+
+    base: float = 1.0
+    per_corunner: float = 0.0
+    base_samples: int = 0
+    corunner_samples: int = 0
+    last_ratio: float | None = None  # observed / predicted of the active plan, last tick
+
+    def factor(self, workers: int, min_samples: int = 0) -> float:
+        """Expected observed/profiled latency of a plan with `workers` workers,
+        using only the parts measured at least `min_samples` times."""
+        base = self.base if self.base_samples >= min_samples else 1.0
+        pc = self.per_corunner if self.corunner_samples >= min_samples else 0.0
+        return base * (1.0 + pc * max(workers - 1, 0))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One tick of the re-plan policy for one model (packrat.observe.policy.decide)."""
+
+    time_s: float
+    model: str
+    swap: bool
+    reason: str
+    estimated_batch: int
+    active_batch: int | None
+    target: Plan | None  # the plan to swap to (the corrected choice), if any
+    optimiser_choice: Plan | None  # candidates[0]
+    current_ms: float | None  # active plan at estimated B, as profiled
+    candidate_ms: float | None  # optimiser's choice, as profiled
+    predicted_gain: float | None  # from profiles alone
+    corrected_current_ms: float | None
+    corrected_candidate_ms: float | None  # the corrected choice
+    corrected_gain: float | None  # what the threshold is applied to
+    correction_changed_choice: bool
+    observed_ms: float | None  # mean service time (else latency) over the estimator window
+    latency_gap: float | None  # observed/predicted - 1 of the active plan (settled)
+    correction: Correction
+    estimate: Estimate
+    estimate_stable_s: float = 0.0  # how long the estimated B has held
+    dwell_s: float | None = None  # the dwell the corrected gain asks for (None: no gain)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The decision's one wire format, flat-ish and rounded: a line of decisions.jsonl,
+        an entry of the REST status."""
+        c, e = self.correction, self.estimate
+        return {
+            "time_s": round(self.time_s, 3),
+            "model": self.model,
+            "swap": self.swap,
+            "reason": self.reason,
+            "estimated_batch": self.estimated_batch,
+            "active_batch": self.active_batch,
+            "target": self.target.to_dict() if self.target else None,
+            "optimiser_choice": self.optimiser_choice.to_dict() if self.optimiser_choice else None,
+            "current_ms": _r(self.current_ms),
+            "candidate_ms": _r(self.candidate_ms),
+            "predicted_gain": _r(self.predicted_gain),
+            "corrected_current_ms": _r(self.corrected_current_ms),
+            "corrected_candidate_ms": _r(self.corrected_candidate_ms),
+            "corrected_gain": _r(self.corrected_gain),
+            "correction_changed_choice": self.correction_changed_choice,
+            "estimate_stable_s": _r(self.estimate_stable_s, 3),
+            "dwell_s": _r(self.dwell_s, 3),
+            "observed_ms": _r(self.observed_ms),
+            "latency_gap": _r(self.latency_gap),
+            "correction": {"base": _r(c.base), "per_corunner": _r(c.per_corunner),
+                           "base_samples": c.base_samples,
+                           "corunner_samples": c.corunner_samples},
+            "estimate": {"ready": e.ready, "idle": e.idle, "reset": e.reset, "step": e.step,
+                         "concurrency": _r(e.concurrency), "ewma": _r(e.ewma), "rounded": e.rounded,
+                         "request_rate": _r(e.request_rate),
+                         "mean_latency_ms": _r(e.mean_latency_ms),
+                         "mean_queue_ms": _r(e.mean_queue_ms)},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Decision:
+        """Read a decision line back (older lines lack step, dwell_s: their defaults);
+        ValueError names what is malformed. The estimate keeps what the line carries
+        (its B is estimated_batch; span_s is not written)."""
+        d = _object(d, "decision")
+        for key, kind in (("model", str), ("reason", str), ("swap", bool)):
+            if not isinstance(d.get(key), kind):
+                raise ValueError(f"malformed decision: {key} is {d.get(key)!r}")
+        est, corr = _object(d.get("estimate"), "decision estimate"), _object(d.get("correction"), "decision correction")
+        time_s, batch = float(_num(d, "time_s", "decision", 0.0)), int(_num(d, "estimated_batch", "decision", 1))
+        active = _num(d, "active_batch", "decision")
+        return cls(
+            time_s=time_s, model=d["model"], swap=d["swap"], reason=d["reason"], estimated_batch=batch,
+            active_batch=None if active is None else int(active),
+            target=None if d.get("target") is None else Plan.from_dict(d["target"]),
+            optimiser_choice=None if d.get("optimiser_choice") is None else Plan.from_dict(d["optimiser_choice"]),
+            **{k: _num(d, k, "decision") for k in (
+                "current_ms", "candidate_ms", "predicted_gain", "corrected_current_ms",
+                "corrected_candidate_ms", "corrected_gain", "observed_ms", "latency_gap", "dwell_s")},
+            correction_changed_choice=bool(d.get("correction_changed_choice")),
+            correction=Correction(base=float(_num(corr, "base", "decision correction", 1.0)),
+                                  per_corunner=float(_num(corr, "per_corunner", "decision correction", 0.0)),
+                                  base_samples=int(_num(corr, "base_samples", "decision correction", 0)),
+                                  corunner_samples=int(_num(corr, "corunner_samples", "decision correction", 0))),
+            estimate=Estimate(time_s=time_s, model=d["model"], batch=batch, ready=bool(est.get("ready")),
+                              **_estimate_figures(est, "decision estimate")),
+            estimate_stable_s=float(_num(d, "estimate_stable_s", "decision", 0.0)),
+        )
+
+
 @dataclass(frozen=True)
 class TickContext:
     """What a re-plan policy sees at one tick (all of it read, none of it to mutate)."""
@@ -279,6 +471,8 @@ class Policy(Protocol):
 
     def set_enabled(self, model: str, enabled: bool) -> None: ...
 
-    def decisions(self, model: str, last: int = 20) -> list[dict[str, Any]]: ...
+    def last_decisions(self, model: str, last: int = 20) -> list[Decision]: ...
+
+    def decisions(self, model: str, last: int = 20) -> list[dict[str, Any]]: ...  # wire format
 
     def metrics_text(self) -> bytes: ...  # Prometheus text, served at the controller's /metrics

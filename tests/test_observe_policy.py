@@ -238,7 +238,7 @@ def test_correction_picks_another_candidate() -> None:
 
 def test_decision_json_and_state_round_trip() -> None:
     d, st = decide(STABLE8, ctx(10, est(8, observed_ms=90.0), FAT8, 100.0, THIN8))
-    line = json.dumps(d.to_json())  # one structured log line
+    line = json.dumps(d.to_dict())  # one structured log line
     back = json.loads(line)
     assert back["reason"] == "gain" and Plan.from_dict(back["target"]) == THIN8
     assert policy_state_from_json(json.loads(json.dumps(policy_state_to_json(st)))) == st

@@ -48,7 +48,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from packrat.observe.metrics import window_means
-from packrat.types import Observation
+from packrat.types import Estimate, Observation
 
 
 @dataclass(frozen=True)
@@ -96,35 +96,6 @@ class EstimatorState:
     step_dir: int = 0
     step_count: int = 0
     step_base: Observation | None = None
-
-
-@dataclass(frozen=True)
-class Estimate:
-    time_s: float
-    model: str
-    batch: int  # smoothed B: the majority of recent rounded EWMA values
-    ready: bool  # False until a majority of windows agreed (batch is then the prior one)
-    concurrency: float | None = None  # raw Little's-law value of this window
-    ewma: float | None = None
-    rounded: int | None = None  # EWMA rounded to a power of two
-    request_rate: float | None = None  # arrivals per second in the window
-    mean_latency_ms: float | None = None  # Δ latency / Δ requests in the window
-    mean_queue_ms: float | None = None
-    span_s: float | None = None
-    idle: bool = False  # no request arrived or finished in the window
-    reset: bool = False  # counters went backwards: TorchServe restarted
-    step: bool = False  # B jumped this tick (the step detector; the window restarted at the step)
-
-    @property
-    def mean_service_ms(self) -> float | None:
-        """Mean time from a worker taking a request off the queue to the response:
-        what a profile predicts, without the waiting for a free worker."""
-        if self.mean_latency_ms is None or self.mean_queue_ms is None:
-            return None
-        return self.mean_latency_ms - self.mean_queue_ms
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def round_pow2(x: float, max_batch: int = 1024) -> int:

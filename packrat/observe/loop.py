@@ -33,17 +33,17 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from packrat.errors import PackratError
-from packrat.observe.estimator import Estimate, EstimatorSettings, estimate
+from packrat.observe.estimator import EstimatorSettings, estimate
 from packrat.observe.persist import (
     estimator_state_from_json,
     estimator_state_to_json,
     policy_state_from_json,
     policy_state_to_json,
 )
-from packrat.observe.policy import Decision, PolicyContext, PolicySettings, decide
+from packrat.observe.policy import PolicyContext, PolicySettings, decide
 from packrat.plan import candidate_plans, mode_candidates, plan_latency_at
 from packrat.profile.store import load_profile
-from packrat.types import Plan, Profile, TickContext
+from packrat.types import Decision, Estimate, Plan, Profile, TickContext
 
 log = logging.getLogger("packrat.adapt")
 
@@ -103,7 +103,7 @@ class AdaptiveLoop:
         self.metrics = _Metrics(self.registry)
         self._emit = emit or log.info
         self._lock = threading.Lock()
-        self._decisions: dict[str, collections.deque] = {}
+        self._decisions: dict[str, collections.deque[Decision]] = {}
         self._pending_enable: dict[str, bool] = {}
         self._enabled: dict[str, bool] = {}
         self._profiles: dict[Path, tuple[float, Profile]] = {}
@@ -120,18 +120,23 @@ class AdaptiveLoop:
         with self._lock:
             return self._enabled.get(model, self.settings.enabled_by_default)
 
-    def decisions(self, model: str, last: int = 20) -> list[dict[str, Any]]:
+    def last_decisions(self, model: str, last: int = 20) -> list[Decision]:
+        """The model's latest decisions, oldest first."""
         with self._lock:
             return list(self._decisions.get(model, ()))[-last:]
 
+    def decisions(self, model: str, last: int = 20) -> list[dict[str, Any]]:
+        """last_decisions in their wire format (Decision.to_dict), for the REST API."""
+        return [d.to_dict() for d in self.last_decisions(model, last)]
+
     def status(self, model: str) -> dict[str, Any]:
-        recent = self.decisions(model, last=self.settings.keep_decisions)
-        swaps = [d for d in recent if d["swap"]]
+        recent = self.last_decisions(model, last=self.settings.keep_decisions)
+        swaps = [d for d in recent if d.swap]
         return {
             "enabled": self.is_enabled(model),
-            "last_decision": recent[-1] if recent else None,
-            "last_swap_decision": swaps[-1] if swaps else None,
-            "recent_decisions": recent[-10:],
+            "last_decision": recent[-1].to_dict() if recent else None,
+            "last_swap_decision": swaps[-1].to_dict() if swaps else None,
+            "recent_decisions": [d.to_dict() for d in recent[-10:]],
         }
 
     def metrics_text(self) -> bytes:
@@ -233,11 +238,10 @@ class AdaptiveLoop:
             self.metrics.concurrency.labels(model).set(est.concurrency)
 
     def _report(self, d: Decision) -> None:
-        line = d.to_json()
-        self._emit(json.dumps(line, separators=(",", ":")))
+        self._emit(json.dumps(d.to_dict(), separators=(",", ":")))
         with self._lock:
             q = self._decisions.setdefault(d.model, collections.deque(maxlen=self.settings.keep_decisions))
-            q.append(line)
+            q.append(d)
         m = self.metrics
         m.decisions.labels(d.model, d.reason).inc()
         if d.swap:

@@ -74,9 +74,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from packrat.observe.estimator import Estimate, round_pow2
+from packrat.observe.estimator import round_pow2
 from packrat.plan.candidates import same_shape
-from packrat.types import Plan
+from packrat.types import Correction, Decision, Estimate, Plan
+
+# Correction, Decision and Estimate are packrat.types values (the controller, the REST API
+# and the bench read them); a decision's wire format is Decision.to_dict / from_dict.
 
 
 @dataclass(frozen=True)
@@ -120,24 +123,6 @@ class PolicySettings:
     use_correction: bool = True
 
 
-@dataclass(frozen=True)
-class Correction:
-    """Per-model gap between observed and profiled latency (see module doc)."""
-
-    base: float = 1.0
-    per_corunner: float = 0.0
-    base_samples: int = 0
-    corunner_samples: int = 0
-    last_ratio: float | None = None  # observed / predicted of the active plan, last tick
-
-    def factor(self, workers: int, min_samples: int = 0) -> float:
-        """Expected observed/profiled latency of a plan with `workers` workers,
-        using only the parts measured at least `min_samples` times."""
-        base = self.base if self.base_samples >= min_samples else 1.0
-        pc = self.per_corunner if self.corunner_samples >= min_samples else 0.0
-        return base * (1.0 + pc * max(workers - 1, 0))
-
-
 IDLE = 0  # PolicyState.seen_batch of an idle estimate (B is at least 1)
 
 
@@ -174,70 +159,6 @@ class PolicyContext:
     # division of cores among models moved): it must move, whatever the gain.
     misplaced: bool = False
     settings: PolicySettings = field(default_factory=PolicySettings)
-
-
-@dataclass(frozen=True)
-class Decision:
-    time_s: float
-    model: str
-    swap: bool
-    reason: str
-    estimated_batch: int
-    active_batch: int | None
-    target: Plan | None  # the plan to swap to (the corrected choice), if any
-    optimiser_choice: Plan | None  # candidates[0]
-    current_ms: float | None  # active plan at estimated B, as profiled
-    candidate_ms: float | None  # optimiser's choice, as profiled
-    predicted_gain: float | None  # from profiles alone
-    corrected_current_ms: float | None
-    corrected_candidate_ms: float | None  # the corrected choice
-    corrected_gain: float | None  # what the threshold is applied to
-    correction_changed_choice: bool
-    observed_ms: float | None  # mean service time (else latency) over the estimator window
-    latency_gap: float | None  # observed/predicted - 1 of the active plan (settled)
-    correction: Correction
-    estimate: Estimate
-    estimate_stable_s: float = 0.0  # how long the estimated B has held
-    dwell_s: float | None = None  # the dwell the corrected gain asks for (None: no gain)
-
-    def to_json(self) -> dict:
-        """One flat-ish JSON object: the structured log line and the status entry."""
-        c = self.correction
-        return {
-            "time_s": round(self.time_s, 3),
-            "model": self.model,
-            "swap": self.swap,
-            "reason": self.reason,
-            "estimated_batch": self.estimated_batch,
-            "active_batch": self.active_batch,
-            "target": self.target.to_dict() if self.target else None,
-            "optimiser_choice": self.optimiser_choice.to_dict() if self.optimiser_choice else None,
-            "current_ms": _r(self.current_ms),
-            "candidate_ms": _r(self.candidate_ms),
-            "predicted_gain": _r(self.predicted_gain),
-            "corrected_current_ms": _r(self.corrected_current_ms),
-            "corrected_candidate_ms": _r(self.corrected_candidate_ms),
-            "corrected_gain": _r(self.corrected_gain),
-            "correction_changed_choice": self.correction_changed_choice,
-            "estimate_stable_s": _r(self.estimate_stable_s, 3),
-            "dwell_s": _r(self.dwell_s, 3),
-            "observed_ms": _r(self.observed_ms),
-            "latency_gap": _r(self.latency_gap),
-            "correction": {"base": _r(c.base), "per_corunner": _r(c.per_corunner),
-                           "base_samples": c.base_samples,
-                           "corunner_samples": c.corunner_samples},
-            "estimate": {"ready": self.estimate.ready, "idle": self.estimate.idle,
-                         "reset": self.estimate.reset, "step": self.estimate.step,
-                         "concurrency": _r(self.estimate.concurrency),
-                         "ewma": _r(self.estimate.ewma), "rounded": self.estimate.rounded,
-                         "request_rate": _r(self.estimate.request_rate),
-                         "mean_latency_ms": _r(self.estimate.mean_latency_ms),
-                         "mean_queue_ms": _r(self.estimate.mean_queue_ms)},
-        }
-
-
-def _r(x: float | None, nd: int = 4) -> float | None:
-    return None if x is None else round(float(x), nd)
 
 
 def _since(state: PolicyState, ctx: PolicyContext) -> float | None:
