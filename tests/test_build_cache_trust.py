@@ -210,3 +210,49 @@ def test_an_entry_is_durable_and_complete_before_it_is_visible(tmp_path: Path) -
     assert manifest["files"]["f"] == {"size": 4, "sha256": hashlib.sha256(b"data").hexdigest()}
     assert build_cache.build_id(key_dir) == manifest["build"]
     assert sorted(p.name for p in key_dir.parent.iterdir()) == ["k", "k.lock"]
+
+
+# -- through TorchServe -----------------------------------------------------------------------
+
+
+@pytest.mark.torchserve
+@pytest.mark.slow
+def test_a_swap_to_a_mode_whose_cached_file_was_damaged_succeeds_and_is_guarded(
+        tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Before: every worker of the mode loaded the damaged file and failed; the swap rolled back."""
+    import shutil
+
+    from packrat.apply.swap import Swapper
+    from packrat.types import Instance, Plan
+    from serving_support import predict, start_server, usable_cores
+
+    store = tmp_path_factory.mktemp("trust-store")
+    shutil.copytree(tiny_store / "tiny-bert", store / "trust-bert", symlinks=True)
+    server = start_server(store, tmp_path_factory.mktemp("trust-ts"))
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))  # the Swapper reads the status files
+            client = server.management_client()
+            client.register("trust-bert", "trust-bert", 1)
+            swapper = Swapper(client, store, cores=list(usable_cores(2)))
+
+            def plan(workers: int) -> Plan:
+                return Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0),) * workers,
+                            predicted_latency_ms=0.0, mode="fp32-onnxruntime")
+
+            first = swapper.apply("trust-bert", plan(1))
+            answer = predict(server, "trust-bert", b"the film was a delight").json()
+            entry = _entry(store, "onnx")
+            _flip(_artefact(entry, "fp32-onnxruntime"))
+            second = swapper.apply("trust-bert", plan(2))  # raises if it rolled back
+            assert predict(server, "trust-bert", b"the film was a delight").json() == answer
+    finally:
+        server.stop()
+    print("first", first.workers)
+    print("second", second.workers)
+    assert [w["cache"] for w in first.workers] == [{"onnx": "built", "guard": "built"}]
+    # The damage was found, the file rebuilt once (the other worker waited and loaded it) and
+    # judged again by the guard, by every worker: the verdict named the damaged build.
+    assert sorted(w["cache"]["onnx"] for w in second.workers) == ["built", "hit"], second.workers
+    assert all(w["cache"]["guard"] == "built" and w["phases_s"]["guard"] > 0 for w in second.workers)
+    assert cache_entries.verify(_entry(store, "onnx"), build_cache._sealing_digest) is None

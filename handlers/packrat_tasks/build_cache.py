@@ -346,14 +346,15 @@ def use(key_dir: Path) -> bool:
     # Hashes memoised per file stamp (file_digest) beside the archives' (a hit: a stat per file).
     why = cache_entries.verify(key_dir, lambda path: file_digest(path, key_dir.parent / "digests"))
     if why is not None:
-        cache_entries.discard(key_dir, why)
+        cache_entries.discard(key_dir, why, only_held=True)
         return False
     return True
 
 
 def discard(key_dir: Path, why: str) -> None:
-    """Remove an entry that failed to load (runner.load_cached builds it once more)."""
-    cache_entries.discard(Path(key_dir), why)
+    """Remove the entry this process holds because it failed to load (runner.load_cached
+    builds it once more); left alone if another worker replaced it meanwhile."""
+    cache_entries.discard(Path(key_dir), why, only_held=True)
 
 
 def build_id(key_dir: Path) -> str:

@@ -182,12 +182,22 @@ def _remove(key_dir: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def discard(key_dir: Path, why: str, level: int = logging.WARNING) -> None:
-    """Remove a damaged entry, whoever holds it (they loaded it already; it is not loaded again)."""
-    log.log(level, "build cache: removing %s: %s", key_dir, why)
+def discard(key_dir: Path, why: str, level: int = logging.WARNING, only_held: bool = False) -> None:
+    """Remove a damaged entry, whoever holds it (they loaded it already; it is not loaded again).
+
+    `only_held`: only if it is still the entry this process holds. A worker that found
+    damage while hashing must not remove the entry another worker rebuilt meanwhile.
+    """
     held = _held.pop(str(key_dir), None)
-    if held is not None:
-        os.close(held)
+    try:
+        if only_held and (held is None or not os.path.samestat(os.fstat(held), os.lstat(key_dir / IN_USE))):
+            return
+    except OSError:
+        return  # gone already
+    finally:
+        if held is not None:
+            os.close(held)
+    log.log(level, "build cache: removing %s: %s", key_dir, why)
     _remove(key_dir)
 
 
