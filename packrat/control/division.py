@@ -90,10 +90,10 @@ class CoreDivision:
     def load_batch(self, policy: Policy, model: str) -> int | None:
         """The estimated B of `model`'s load from the re-plan loop's latest decision;
         None when idle. While the estimate warms up, the last known value holds."""
-        decisions = policy.decisions(model, last=1)
-        est = (decisions[-1].get("estimate") or {}) if decisions else {}
-        if est.get("ready"):
-            self._batches[model] = None if est.get("idle") else int(decisions[-1]["estimated_batch"])
+        decisions = policy.last_decisions(model, last=1)
+        if decisions and decisions[-1].estimate.ready:
+            est = decisions[-1].estimate
+            self._batches[model] = None if est.idle else est.batch
         return self._batches.get(model)
 
     def divide(self, demands: list[Demand], models: Sequence[str]) -> Division:

@@ -94,10 +94,9 @@ class Tuning:
         """The re-plan loop's latest ready estimate of B under load, if any."""
         if self.policy is None:
             return None
-        for d in reversed(self.policy.decisions(model, last=10)):
-            est = d.get("estimate") or {}
-            if est.get("ready") and not est.get("idle") and d.get("estimated_batch"):
-                return int(d["estimated_batch"])
+        for d in reversed(self.policy.last_decisions(model, last=10)):
+            if d.estimate.ready and not d.estimate.idle and d.estimated_batch:
+                return d.estimated_batch
         return None
 
     def start(self, st: ModelState, options: TuneOptions, trigger: str = "request") -> Job:
