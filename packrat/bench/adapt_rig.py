@@ -132,7 +132,7 @@ class Rig:
 
     def _sample(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
-            last = self.loop.decisions(self.model, last=1) if self.loop else []
+            last = self.loop.last_decisions(self.model, last=1) if self.loop else []
             d = last[-1] if last else None
             try:
                 version = self.controller.client.describe(self.model)["modelVersion"]
@@ -140,11 +140,13 @@ class Rig:
                 version = None
             self.samples.append(Sample(
                 time_s=time.time(),
-                estimated_batch=d["estimated_batch"] if d and d["estimate"]["ready"] else None,
-                concurrency=d["estimate"]["concurrency"] if d else None,
-                active_batch=d["active_batch"] if d else None,
+                estimated_batch=d.estimated_batch if d and d.estimate.ready else None,
+                # rounded as a decision line rounds it (the trace's samples read as before)
+                concurrency=(None if d is None or d.estimate.concurrency is None
+                             else round(d.estimate.concurrency, 4)),
+                active_batch=d.active_batch if d else None,
                 active_workers=None if not d else self._active_workers(),
-                reason=d["reason"] if d else None,
+                reason=d.reason if d else None,
                 version=version,
             ))
 
