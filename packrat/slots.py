@@ -62,7 +62,7 @@ from typing import Any
 from packrat import settings
 from packrat.cpulist import cpus_allowed_list, parse_cpu_list  # noqa: F401 - re-exported for readers of slots
 from packrat.errors import ConfigError
-from packrat.worker_counters import LiveCounters, read_counters
+from packrat.worker_counters import LiveCounters, SizeHistogram, read_counters, read_sizes
 
 # Pool sizes that the numeric libraries read from the environment when they
 # start: OpenMP (torch's intra-op pool), MKL, OpenBLAS (numpy/scipy) and Rayon
@@ -412,6 +412,24 @@ def report_startup(**fields: Any) -> None:
         return
     status.startup.update(fields)
     status.write(busy=status.in_flight)
+
+
+def record_sizes(sizes: dict[str, list[int]]) -> None:
+    """Count the sizes of what this worker served in a batch, {kind: [size per request]}
+    (packrat.worker_counters.SIZE_KINDS), in its mapped counters: a few stores, no system
+    call; a no-op outside a claimed worker (the profiler, tests). Never fails the batch."""
+    status = _status
+    if status is None or not sizes:
+        return
+    try:
+        status.counters.add_sizes(sizes)
+    except (AttributeError, TypeError, ValueError, OverflowError):  # not a size (a float?), or a sum past 2^64
+        pass
+
+
+def read_worker_sizes(pid: int) -> dict[str, SizeHistogram] | None:
+    """The sizes worker `pid` served since it started, per kind; None: none readable."""
+    return read_sizes(worker_counters_path(pid))
 
 
 def read_worker_status(pid: int) -> dict[str, Any] | None:

@@ -12,6 +12,15 @@ since the epoch). The writer makes the sequence odd while it writes and even whe
 done (a seqlock), one aligned word store each (a memoryview, not struct.pack_into,
 which zeroes the whole span first); a reader takes a record only when two reads agree
 and the sequence is even, so it never sees half an update.
+
+After them, the sizes of what the worker served (issue 32, "traffic-shaped profiles"):
+per kind of size (SIZE_KINDS: text tokens, image pixels, generated tokens) BUCKETS
+request counts and the sum of the sizes, cumulative since the worker started, written
+under the same sequence word. Buckets are half-octaves (each √2 wide: 0, 1, 2, 3, 4-5,
+6-7, 8-11, 12-15, ...), so a quantile read from them is within ~20 % of the exact
+one; 64 of them reach past 2^32 (25-megapixel images included). The handler adds a
+batch's sizes with add_sizes(): a few stores per request, no system call. A file of
+the five words alone (a worker from before the histogram) reads as counters without one.
 """
 
 from __future__ import annotations
@@ -22,10 +31,35 @@ import os
 import stat
 import struct
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 RECORD = struct.Struct("=5Q")  # sequence, started, done, busy (0/1), time (µs since the epoch)
+SIZE_KINDS = ("tokens", "pixels", "generated")  # text/prompt tokens, image width x height, generated tokens
+BUCKETS = 64  # half-octave buckets per kind; the last one holds everything from 3 x 2^30 up
+_KIND_WORDS = BUCKETS + 1  # the counts, then the sum of the sizes
+_SIZES_AT = {kind: RECORD.size // 8 + i * _KIND_WORDS for i, kind in enumerate(SIZE_KINDS)}
+FULL_RECORD = struct.Struct(f"={5 + len(SIZE_KINDS) * _KIND_WORDS}Q")  # the base record + the histograms
 _READ_ATTEMPTS = 1000
+
+
+def size_bucket(n: int) -> int:
+    """The half-octave bucket of size n >= 0: 0 and 1 alone, then two buckets per power of two."""
+    b = n.bit_length()
+    return b if b < 2 else min(BUCKETS - 1, 2 * b - 2 + ((n >> (b - 2)) & 1))
+
+
+_SMALL = 4096  # sizes below this find their bucket in a table (token counts always do)
+_SMALL_BUCKETS = bytes(size_bucket(n) for n in range(_SMALL))
+
+
+def bucket_low(k: int) -> int:
+    """The smallest size bucket k holds."""
+    if k < 2:
+        return k
+    b = k // 2 + 1
+    return (1 << (b - 1)) + (k & 1) * (1 << (b - 2))
 
 
 class LiveCounters:
@@ -34,12 +68,29 @@ class LiveCounters:
     def __init__(self, path: Path) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.ftruncate(fd, RECORD.size)
-            self._map = mmap.mmap(fd, RECORD.size)
+            os.ftruncate(fd, FULL_RECORD.size)
+            self._map = mmap.mmap(fd, FULL_RECORD.size)
         finally:
             os.close(fd)
         self._words = memoryview(self._map).cast("Q")
         self.store(0, 0, False)
+
+    def add_sizes(self, sizes: Mapping[str, Sequence[int]]) -> None:
+        """Count one batch's request sizes, {kind: [size >= 0 per request]}; kinds not in
+        SIZE_KINDS are ignored. The sequence is made even again whatever a size is, so a
+        bad value cannot leave the record "being written" (the drain would wait forever)."""
+        words = self._words
+        words[0] += 1
+        try:
+            for kind, values in sizes.items():
+                at = _SIZES_AT.get(kind)
+                if at is None:
+                    continue
+                for n in values:  # per request: a table look-up (size_bucket() costs ~3x as much)
+                    words[at + (_SMALL_BUCKETS[n] if n < _SMALL else size_bucket(n))] += 1
+                words[at + BUCKETS] += sum(values)
+        finally:
+            words[0] += 1
 
     def store(self, started: int, done: int, busy: bool) -> None:
         words = self._words
@@ -51,11 +102,10 @@ class LiveCounters:
         words[0] += 1
 
 
-def read_counters(path: Path) -> dict[str, object] | None:
-    """{started, done, busy, time, settled} from a worker's counter file; None if there is
-    none or it is not a regular file of this user. A record that kept changing under
-    the reader (settled False; an update is five stores, twice per batch) comes back
-    busy, so a drain waits for the next look."""
+def _read_record(path: Path, size: int) -> tuple[bytes, bool] | None:
+    """(the first `size` bytes, whether two reads agreed on an even sequence) of a
+    worker's counter file; None if there is none, it is shorter, or it is not a regular
+    file of this user."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -66,16 +116,76 @@ def read_counters(path: Path) -> dict[str, object] | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
             return None
-        consistent = False
         for _ in range(_READ_ATTEMPTS):
-            first = os.pread(fd, RECORD.size, 0)
-            if len(first) < RECORD.size:
+            first = os.pread(fd, size, 0)
+            if len(first) < size:
                 return None
-            if RECORD.unpack(first)[0] % 2 == 0 and os.pread(fd, RECORD.size, 0) == first:
-                consistent = True
-                break
-        _, started, done, busy, at_us = RECORD.unpack(first)
-        return {"started": started, "done": done, "busy": bool(busy) or not consistent,
-                "time": at_us / 1e6, "settled": consistent}
+            if RECORD.unpack_from(first)[0] % 2 == 0 and os.pread(fd, size, 0) == first:
+                return first, True
+        return first, False
     finally:
         os.close(fd)
+
+
+def read_counters(path: Path) -> dict[str, object] | None:
+    """{started, done, busy, time, settled} from a worker's counter file; None if there is
+    none or it is not a regular file of this user. A record that kept changing under
+    the reader (settled False; an update is five stores, twice per batch) comes back
+    busy, so a drain waits for the next look."""
+    got = _read_record(path, RECORD.size)
+    if got is None:
+        return None
+    record, consistent = got
+    _, started, done, busy, at_us = RECORD.unpack(record)
+    return {"started": started, "done": done, "busy": bool(busy) or not consistent,
+            "time": at_us / 1e6, "settled": consistent}
+
+
+@dataclass(frozen=True)
+class SizeHistogram:
+    """Request counts per half-octave bucket of one kind of size, and the sizes' sum."""
+
+    counts: tuple[int, ...] = (0,) * BUCKETS
+    total: int = 0
+
+    @property
+    def requests(self) -> int:
+        return sum(self.counts)
+
+    def __add__(self, other: SizeHistogram) -> SizeHistogram:
+        return SizeHistogram(tuple(a + b for a, b in zip(self.counts, other.counts)), self.total + other.total)
+
+    def __sub__(self, other: SizeHistogram) -> SizeHistogram:
+        """What was counted since `other`, an earlier reading of the same worker."""
+        return SizeHistogram(tuple(a - b for a, b in zip(self.counts, other.counts)), self.total - other.total)
+
+    def mean(self) -> float | None:
+        n = self.requests
+        return self.total / n if n else None
+
+    def quantile(self, q: float) -> float | None:
+        """The size below which a fraction q of the requests lie, interpolated linearly
+        inside its bucket (exact for sizes 0-3; None with no requests)."""
+        n = self.requests
+        if not n:
+            return None
+        rank = q * n
+        seen = 0
+        for k, c in enumerate(self.counts):
+            if c and seen + c >= rank:
+                low = bucket_low(k)
+                high = bucket_low(k + 1) - 1 if k + 1 < BUCKETS else low  # the largest size it holds
+                return low + (high - low) * max(0.0, rank - seen) / c
+            seen += c
+        return float(bucket_low(BUCKETS - 1))
+
+
+def read_sizes(path: Path) -> dict[str, SizeHistogram] | None:
+    """{kind: SizeHistogram} from a worker's counter file, read whole under the seqlock;
+    None if there is none, it is not a regular file of this user, it has no histogram
+    (an older worker), or it kept changing under the reader."""
+    got = _read_record(path, FULL_RECORD.size)
+    if got is None or not got[1]:
+        return None
+    words = FULL_RECORD.unpack(got[0])
+    return {kind: SizeHistogram(words[at:at + BUCKETS], words[at + BUCKETS]) for kind, at in _SIZES_AT.items()}

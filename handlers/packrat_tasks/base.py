@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
+from packrat.slots import record_sizes
+
 # HTTP reason phrases for the statuses we use.
 PHRASES = {400: "Bad Request", 413: "Payload Too Large", 415: "Unsupported Media Type"}
 
@@ -256,6 +258,13 @@ class Task:
         """n realistic TorchServe-style request items, e.g. [{"body": b"..."}]."""
         raise NotImplementedError
 
+    def served_sizes(self, batch: Batch, responses: list[Any]) -> dict[str, list[int]]:
+        """The size of each request this batch served, per kind of size
+        (packrat.worker_counters.SIZE_KINDS: "tokens", "pixels", "generated"): the
+        worker counts them in its size histogram, which the controller reads for the
+        shape of the traffic. Runs once per served batch: keep it a list comprehension."""
+        return {}
+
     # -- the pipeline (the same for every task) ------------------------------
     def preprocess(self, requests: list[dict]) -> Batch:
         batch = Batch(size=len(requests))
@@ -276,15 +285,20 @@ class Task:
             for i in range(batch.size)
         ]
 
-    def run(self, requests: list[dict]) -> list[Any]:
+    def serve(self, requests: list[dict]) -> tuple[Batch, list[Any]]:
         batch = self.preprocess(requests)
         if batch.valid:
             batch = self.forward(batch)
-        return self.postprocess(batch)
+        return batch, self.postprocess(batch)
+
+    def run(self, requests: list[dict]) -> list[Any]:
+        return self.serve(requests)[1]
 
     def handle(self, data: list[dict], context: Any) -> list[Any]:
         requests = [_with_content_type(r, context, i) for i, r in enumerate(data)]
-        responses = self.run(requests)
+        batch, responses = self.serve(requests)
+        if batch.valid:  # only what TorchServe hands over is traffic (not the profiler's or guard's runs)
+            record_sizes(self.served_sizes(batch, responses))
         for i, response in enumerate(responses):
             # Lets clients (and tests) see how TorchServe batched their request.
             context.set_response_header(i, "x-packrat-batch-size", str(len(requests)))

@@ -203,7 +203,8 @@ class ImageClassificationTask(Task):
             raise RequestError(400, "expected JPEG/PNG bytes or a JSON object with a base64 'image'")
         return bytes(value), top_k
 
-    def parse(self, request: dict) -> tuple[np.ndarray, int]:
+    def parse(self, request: dict) -> tuple[np.ndarray, int, int]:
+        """(pixels, top_k, width x height as sent: its size in the worker's histogram)."""
         data, top_k = self._image_bytes(request)
         if len(data) > self.max_bytes:
             raise RequestError(413, f"image is {len(data)} bytes; the limit is {self.max_bytes}")
@@ -224,13 +225,14 @@ class ImageClassificationTask(Task):
         if img.format not in FORMATS:  # e.g. MPO, which PIL's JPEG opener may return
             raise RequestError(415, f"image format {img.format} is not supported; send JPEG or PNG")
         self._check_size(*img.size)
+        sent = img.size[0] * img.size[1]  # before draft() reduces img.size
         try:
             decoded = reduce_on_decode(img)
             if decoded > self.max_decoded:
                 w, h = img.size
                 raise RequestError(413, f"image is {w}x{h} {img.format}: decoded at full size, {decoded} "
                                         f"pixels; the limit is {self.max_decoded}")
-            return to_pixels(img), top_k
+            return to_pixels(img), top_k, sent
         except DECODE_ERRORS as exc:
             raise RequestError(400, f"image data is corrupt: {exc}") from None
 
@@ -268,6 +270,9 @@ class ImageClassificationTask(Task):
                 for p, j in zip(values, indices)
             ]})
         return out
+
+    def served_sizes(self, batch: Batch, responses: list[Any]) -> dict[str, list[int]]:
+        return {"pixels": [batch.items[i][2] for i in batch.valid]}
 
     def sample_requests(self, n: int) -> list[dict]:
         image = sample_jpeg()

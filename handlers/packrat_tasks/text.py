@@ -108,6 +108,9 @@ class _TextTask(Task):
         batch.outputs = self.runner(batch.inputs["input_ids"], batch.inputs["attention_mask"])
         return batch
 
+    def served_sizes(self, batch: Batch, responses: list[Any]) -> dict[str, list[int]]:
+        return {"tokens": [len(batch.items[i]) for i in batch.valid]}  # special tokens included
+
     def sample_requests(self, n: int) -> list[dict]:
         text = sample_text(self.tokenizer, self.max_length)
         return [{"body": text.encode("utf-8")} for _ in range(n)]
