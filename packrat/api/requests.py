@@ -118,13 +118,6 @@ def model_reading(controller: Controller, model: str) -> ModelState:
     return controller.model_state(known_model(controller, model))
 
 
-def unpinned(controller: Controller, model: str) -> None:
-    """409 when an operator pinned `model` (what the request would change stays pinned)."""
-    if controller.pins.pinned(model):
-        raise HTTPException(409, f"{model} is pinned by an operator: unpin it first "
-                                 f'(PUT /v1/models/{model}/pin {{"pinned": false}})')
-
-
 def requested_plan(controller: Controller, st: ModelState, req: ApplyRequest) -> Plan:
     """The plan an apply body asks for: the explicit `instances`, or one computed for `batch`,
     in the `mode` asked for (checked: 422 with the reason) or the live one."""

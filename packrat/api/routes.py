@@ -69,7 +69,6 @@ from packrat.api.requests import (
     model_reading,
     replan_loop,
     requested_plan,
-    unpinned,
 )
 from packrat.api.spec import document_errors
 from packrat.api.web import add_web_routes
@@ -189,8 +188,7 @@ def _adapt_routes(app: FastAPI, controller: Controller, auth: Auth) -> None:
     @app.put("/v1/models/{model}/adapt", dependencies=auth, summary="Switch automatic re-planning on/off")
     def put_adapt(model: str, req: AdaptRequest) -> dict[str, Any]:
         loop = replan_loop(controller, model)
-        unpinned(controller, model)  # a pin holds the loop off until it is unpinned
-        loop.set_enabled(model, req.enabled)
+        controller.pins.set_adapt(model, req.enabled)  # a pin holds the loop off until it is unpinned
         return render_adapt(model, loop.is_enabled(model))
 
 

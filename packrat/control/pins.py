@@ -13,7 +13,9 @@ is pinned:
     pinned plan is the last one applied).
 
 `PUT .../pin {"pinned": false}` unpins it: the policy gets back the on/off
-setting it had before the pin, the tuner may tune it again. Pins live in
+setting it had before the pin (or was given meanwhile: `PUT .../adapt
+{"enabled": false}` is kept for then; `true` is refused while pinned), the
+tuner may tune it again. Pins live in
 <state dir>/pins.json, so they survive a controller restart; a pin is written
 before its swap starts (nothing waiting for the swap lock, such as a tune's
 choice, can slip in after the swap and before the pin) and taken back if the
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from packrat.control.statefiles import StateFiles
+from packrat.errors import BusyError, ConfigError
 from packrat.types import Plan, Policy
 
 
@@ -84,6 +87,22 @@ class Pins:
             before = old.get("adapt_before")
             self.policy.set_enabled(model, True if before is None else bool(before))
         return old
+
+    def set_adapt(self, model: str, enabled: bool) -> None:
+        """PUT /v1/models/{m}/adapt: switch the policy for `model`. While it is pinned, switching
+        it off is kept for after the unpin; switching it on is BusyError (the pin holds it off)."""
+        if self.policy is None:
+            raise ConfigError("the re-plan loop is not running in this controller")
+        with self._lock:
+            pins = self.files.pins()
+            if model in pins:
+                if enabled:
+                    raise BusyError(f"{model} is pinned by an operator: unpin it first "
+                                    f'(PUT /v1/models/{model}/pin {{"pinned": false}})')
+                pins[model]["adapt_before"] = False
+                self.files.save_pins(pins)
+                return
+        self.policy.set_enabled(model, enabled)
 
     def hold(self, model: str) -> None:
         """Keep a pinned model's policy off (each tick: also after a restart, whatever
