@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -515,3 +517,35 @@ def test_a_malformed_describe_answer_is_torchserves_error() -> None:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def _cli(ctl: Ctl, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "packrat.cli", *args, "--api", ctl.url,
+                           "--key-file", str(ctl.server.key_file)], capture_output=True, text=True, timeout=600)
+
+
+def test_cli_applies_in_a_mode_pins_and_unpins(stack) -> None:
+    """`packrat apply --mode`, `packrat status`, `packrat unpin`, `packrat pin` against the
+    controller: each says what the controller's status then shows."""
+    _, ctl, _ = stack
+    status = f"/v1/models/{MODEL}/status"
+    own = ctl.get(status).json()["mode"]
+    r = _cli(ctl, "apply", MODEL, "--shape", "2x(t1,b1)", "--mode", own)
+    assert r.returncode == 0, r.stderr
+    assert f"{MODEL}: pinned to {own} 2x(t1,b1)" in r.stdout
+    st = ctl.get(status).json()
+    assert st["pin"]["mode"] == own and [(i["threads"], i["batch"]) for i in st["plan"]["instances"]] == [(1, 1)] * 2
+    r = _cli(ctl, "status", MODEL)
+    assert r.returncode == 0 and "2x(t1,b1)" in r.stdout and " pinned " in r.stdout, r.stdout
+    r = _cli(ctl, "unpin", MODEL)
+    assert r.returncode == 0 and f"{MODEL}: not pinned" in r.stdout, (r.stdout, r.stderr)
+    assert ctl.get(status).json()["pin"] is None
+    assert " pinned " not in _cli(ctl, "status", MODEL).stdout
+    r = _cli(ctl, "pin", MODEL)
+    assert r.returncode == 0 and f"{MODEL}: pinned to {own} 2x(t1,b1)" in r.stdout, (r.stdout, r.stderr)
+    assert ctl.get(status).json()["pin"]["mode"] == own
+    # Refused: the controller's reason on one line (exit 1); a malformed shape before any call (exit 2).
+    r = _cli(ctl, "apply", MODEL, "--batch", "1", "--mode", "fp64-eager")
+    assert r.returncode == 1 and "HTTP 422" in r.stderr and "unknown mode" in r.stderr, r.stderr
+    r = _cli(ctl, "apply", MODEL, "--shape", "2x(t1,b")
+    assert r.returncode == 2 and "is not Nx(tT,bB)" in r.stderr, r.stderr

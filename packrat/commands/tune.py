@@ -1,9 +1,8 @@
 """`packrat tune` (ask the controller to tune a model, follow its progress) and
-`packrat status` (every model's version, mode, shape and tuning stage).
+`packrat status` (every model's version, mode, shape, pin and tuning stage).
 
-Both talk to a running `packrat controller` over its REST API with
-TorchServe's management key, read from the key file each time (keys expire
-hourly). Defaults match `make run`.
+Both talk to a running `packrat controller` over its REST API
+(packrat.commands._client). Defaults match `make run`.
 """
 
 from __future__ import annotations
@@ -14,58 +13,8 @@ from typing import Any, Optional
 
 import typer
 
+from packrat.commands._client import API, KEY_FILE, call, shape_text
 from packrat.commands._options import setting_option
-
-API = setting_option("api_url")
-KEY_FILE = typer.Option(Path(".packrat/torchserve/key_file.json"), "--key-file",
-                        help="TorchServe's key_file.json (the management key is the controller's token)")
-
-
-def _headers(key_file: Path) -> dict[str, str]:
-    from packrat.apply.keys import read_keys
-    from packrat.errors import PackratError
-
-    try:
-        keys = read_keys(key_file)
-    except (OSError, PackratError) as exc:
-        typer.echo(f"error: cannot read the management key from {key_file}: {exc}", err=True)
-        raise typer.Exit(2) from None
-    return keys.management.bearer()
-
-
-def _call(method: str, url: str, key_file: Path, body: Any = None) -> Any:
-    import requests
-
-    from packrat.listener import untrusted_listener
-
-    refused = untrusted_listener(url)  # before the key is read or sent
-    if refused:
-        typer.echo(f"error: {refused}. Another user may have taken the controller's port while it was "
-                   "down: stop that process and start `packrat controller`.", err=True)
-        raise typer.Exit(1)
-    try:
-        r = requests.request(method, url, json=body, headers=_headers(key_file), timeout=60)
-    except requests.RequestException as exc:
-        typer.echo(f"error: the controller at {url} does not answer ({exc}); is `packrat controller` running?",
-                   err=True)
-        raise typer.Exit(1) from None
-    if r.status_code >= 400:
-        try:
-            detail = r.json().get("detail")
-        except ValueError:
-            detail = r.text
-        typer.echo(f"error: HTTP {r.status_code}: {detail}", err=True)
-        raise typer.Exit(1)
-    return r.json()
-
-
-def shape_text(plan: dict[str, Any] | None) -> str:
-    if not plan:
-        return "not a Packrat plan"
-    groups: dict[tuple[int, int], int] = {}
-    for i in plan["instances"]:
-        groups[(i["threads"], i["batch"])] = groups.get((i["threads"], i["batch"]), 0) + 1
-    return " + ".join(f"{n}x(t{t},b{b})" for (t, b), n in groups.items())
 
 
 def mode_table(tune: dict[str, Any]) -> str:
@@ -100,7 +49,7 @@ def tune_command(
     """Tune MODEL: guard and profile each execution mode, apply the fastest (mode, plan)."""
     body = {"modes": modes or None, "budget_s": budget, "batch": batch, "fresh": fresh,
             "max_batch": max_batch, "point_budget_s": point_budget}
-    job = _call("POST", f"{api}/v1/models/{model}/tune", key_file, body)
+    job = call("POST", f"{api}/v1/models/{model}/tune", key_file, body)
     typer.echo(f"tune job {job['id']} for {model}: {job['state']}")
     if not wait:
         return
@@ -111,7 +60,7 @@ def tune_command(
             typer.echo(f"  {text}")
             last = text
         time.sleep(1.0)
-        job = _call("GET", f"{api}/v1/jobs/{job['id']}", key_file)
+        job = call("GET", f"{api}/v1/jobs/{job['id']}", key_file)
     final = job.get("result") or job.get("progress") or {}
     typer.echo(mode_table(final))
     if job["state"] == "done":
@@ -127,13 +76,15 @@ def status_command(
     key_file: Path = KEY_FILE,
     modes: bool = typer.Option(False, "--modes", help="also the per-mode table of each model's tune"),
 ) -> None:
-    """Every model's live version, execution mode, shape and tuning stage."""
-    names = [model] if model else [m["model"] for m in _call("GET", f"{api}/v1/models", key_file)]
+    """Every model's live version, execution mode, shape, whether it is pinned, and tuning stage."""
+    names = [model] if model else [m["model"] for m in call("GET", f"{api}/v1/models", key_file)]
     for name in names:
-        st = _call("GET", f"{api}/v1/models/{name}/status", key_file)
+        st = call("GET", f"{api}/v1/models/{name}/status", key_file)
         tune = st.get("tune") or {}
         stage = tune.get("text") or "not tuned"
-        typer.echo(f"{name:<12} {st['version']:<6} {st.get('mode') or '-':<18} {shape_text(st.get('plan')):<22} {stage}")
+        pinned = "pinned" if st.get("pin") else ""
+        typer.echo(f"{name:<12} {st['version']:<6} {st.get('mode') or '-':<18} {shape_text(st.get('plan')):<22} "
+                   f"{pinned:<7} {stage}")
         if modes and tune:
             typer.echo(mode_table(tune))
 

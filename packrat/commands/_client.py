@@ -1,0 +1,68 @@
+"""Talking to a running `packrat controller` from the command line (tune, status, apply, pin).
+
+Every call carries TorchServe's management key, read from the key file each
+time (keys expire hourly), and goes only to a listener of the caller's own user
+(packrat.listener). An error answer is one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from packrat.commands._options import setting_option
+
+API = setting_option("api_url")
+KEY_FILE = typer.Option(Path(".packrat/torchserve/key_file.json"), "--key-file",
+                        help="TorchServe's key_file.json (the management key is the controller's token)")
+
+
+def _headers(key_file: Path) -> dict[str, str]:
+    from packrat.apply.keys import read_keys
+    from packrat.errors import PackratError
+
+    try:
+        keys = read_keys(key_file)
+    except (OSError, PackratError) as exc:
+        typer.echo(f"error: cannot read the management key from {key_file}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    return keys.management.bearer()
+
+
+def call(method: str, url: str, key_file: Path, body: Any = None, timeout_s: float = 60.0) -> Any:
+    """The controller's JSON answer to one request; exits (1) on an error answer or none."""
+    import requests
+
+    from packrat.listener import untrusted_listener
+
+    refused = untrusted_listener(url)  # before the key is read or sent
+    if refused:
+        typer.echo(f"error: {refused}. Another user may have taken the controller's port while it was "
+                   "down: stop that process and start `packrat controller`.", err=True)
+        raise typer.Exit(1)
+    try:
+        r = requests.request(method, url, json=body, headers=_headers(key_file), timeout=timeout_s)
+    except requests.RequestException as exc:
+        typer.echo(f"error: the controller at {url} does not answer ({exc}); is `packrat controller` running?",
+                   err=True)
+        raise typer.Exit(1) from None
+    if r.status_code >= 400:
+        try:
+            detail = r.json().get("detail")
+        except ValueError:
+            detail = r.text
+        typer.echo(f"error: HTTP {r.status_code}: {detail}", err=True)
+        raise typer.Exit(1)
+    return r.json()
+
+
+def shape_text(plan: dict[str, Any] | None) -> str:
+    """"2x(t1,b2)": workers x (threads, batch cap), the form `packrat apply --shape` takes."""
+    if not plan:
+        return "not a Packrat plan"
+    groups: dict[tuple[int, int], int] = {}
+    for i in plan["instances"]:
+        groups[(i["threads"], i["batch"])] = groups.get((i["threads"], i["batch"]), 0) + 1
+    return " + ".join(f"{n}x(t{t},b{b})" for (t, b), n in groups.items())
