@@ -1,4 +1,5 @@
-// Packrat status page: read-only views of the controller's /v1 API.
+// Packrat status page: views of the controller's /v1 API. The one thing it changes is a
+// model's pin (PUT /v1/models/{model}/pin): pinned, the re-plan loop and the tuner leave it.
 //
 // The management key is typed in by the user and kept in this tab's
 // sessionStorage only; without it nothing is fetched and nothing is shown.
@@ -75,11 +76,15 @@ function forget(message) {
 
 class Refused extends Error {}
 
-async function api(path) {
+async function api(path, method = "GET", body = undefined) {
   const key = getKey();
   if (!key) throw new Refused("no key");
+  const headers = { Authorization: `Bearer ${key}` };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
   const r = await fetch(path, {
-    headers: { Authorization: `Bearer ${key}` },
+    method,
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
     cache: "no-store",
     credentials: "omit",
     referrerPolicy: "no-referrer",
@@ -135,6 +140,25 @@ async function refresh() {
   if (mine === generation && getKey()) timer = setTimeout(refresh, POLL_MS);
 }
 
+// Pin (what is live) or unpin a model, then show the result at once.
+async function setPin(name, pinned) {
+  try {
+    await api(`v1/models/${encodeURIComponent(name)}/pin`, "PUT", { pinned });
+  } catch (e) {
+    if (e instanceof Refused) { forget("The controller refused this key (401). Type the current management key."); return; }
+    $("updated").textContent = `could not ${pinned ? "pin" : "unpin"} ${name}: ${e.message}`;
+    return;
+  }
+  if (timer !== null) clearTimeout(timer);
+  timer = null;
+  refresh();
+}
+
+function pinText(pin) {
+  if (!pin) return "not pinned";
+  return `pinned: ${pin.mode || "its mode"} ${shapeText(pin.plan)} since ${clock(pin.since)}`;
+}
+
 function start() {
   $("key-form").hidden = true;
   $("session").hidden = false;
@@ -179,7 +203,10 @@ function modelSection({ name, status, adapt, jobs }) {
     ["cores", Array.isArray(status.cores) ? status.cores.join(",") : "–"],
     // The cores this model may use now (divided among models with load: docs/cores.md).
     ["may use", Array.isArray(status.share) ? status.share.join(",") : "–"],
+    ["pin", pinText(status.pin), "pin"],
   ]);
+  const pinButton = el("button", { type: "button", class: "pin-button" }, status.pin ? "Unpin" : "Pin what is live");
+  pinButton.addEventListener("click", () => { pinButton.disabled = true; setPin(name, !status.pin); });
   const latency = dl([
     ["predicted", ms(status.predicted_latency_ms), "predicted-latency"],
     ["observed (recent)", recentText(obs)],
@@ -197,7 +224,7 @@ function modelSection({ name, status, adapt, jobs }) {
   return el("section", { class: "model", "data-model": name },
     el("h2", {}, name),
     el("div", { class: "grid" },
-      el("div", {}, el("h3", {}, "Live"), live),
+      el("div", {}, el("h3", {}, "Live"), live, pinButton),
       el("div", {}, el("h3", {}, "Latency"), latency),
       el("div", {}, el("h3", {}, "Re-plan"), loop)),
     el("h3", {}, "Decisions over time"),
