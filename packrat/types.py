@@ -11,7 +11,8 @@ way; profiles have theirs in packrat.profile.store.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -432,6 +433,188 @@ class Decision:
                               **_estimate_figures(est, "decision estimate")),
             estimate_stable_s=float(_num(d, "estimate_stable_s", "decision", 0.0)),
         )
+
+
+def _str_map(d: dict[str, Any], key: str, what: str) -> dict[str, str]:
+    v = _opt(d, key, dict, what) or {}
+    if not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+        raise ValueError(f"malformed {what}: {key} is {v!r}, not names to texts")
+    return dict(v)
+
+
+def _in_order(order: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
+    """`values` in the key order a record was written in (a record reads back byte for byte)."""
+    return {k: copy.deepcopy(values[k]) for k in order}
+
+
+@dataclass(frozen=True)
+class TunePlanRow:
+    """One mode's best plan at a tune's batch, or why it has none (packrat.tune.run._choose)."""
+
+    mode: str
+    predicted_ms: float | None = None  # None: no plan (reason says why)
+    fat_ms: float | None = None
+    shape: str | None = None  # e.g. "2x(t1,b2)"
+    reason: str | None = None
+    kept: str | None = None  # why it was chosen before a faster later mode (the margin)
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.predicted_ms is None:
+            return {"mode": self.mode, "reason": self.reason}
+        out: dict[str, Any] = {"mode": self.mode, "predicted_ms": self.predicted_ms,
+                               "fat_ms": self.fat_ms, "shape": self.shape}
+        if self.kept is not None:
+            out["kept"] = self.kept
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any) -> TunePlanRow:
+        """Read `to_dict()`'s output back; ValueError names what is malformed."""
+        what = "tune plan row"
+        d = _object(d, what)
+        if not isinstance(d.get("mode"), str):
+            raise ValueError(f"malformed {what}: mode is {d.get('mode')!r}")
+        return cls(mode=d["mode"], predicted_ms=_num(d, "predicted_ms", what), fat_ms=_num(d, "fat_ms", what),
+                   shape=_opt(d, "shape", str, what), reason=_opt(d, "reason", str, what),
+                   kept=_opt(d, "kept", str, what))
+
+
+@dataclass(frozen=True)
+class TuneModeRecord:
+    """One mode's entry in a tune record: how far it got, and why it went no further."""
+
+    state: str | None = None  # pending guarding profiling profiled reused refused failed skipped
+    reason: str | None = None  # why refused, failed or skipped
+    model_id: str | None = None  # the archive a refusal holds for
+    fingerprint: dict[str, Any] | None = field(default=None, hash=False)  # the machine + mode of a refusal
+    plan: TunePlanRow | None = None  # its best plan at the tune's batch, or why none
+    # What the record says besides (path, points, guard, build_s, budget_s, why, note, ...).
+    detail: dict[str, Any] = field(default_factory=dict, hash=False)
+    # The keys in the order they were written (to_dict keeps it); derived when not given.
+    order: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    _TYPED = ("state", "reason", "model_id", "fingerprint", "plan")
+
+    def __post_init__(self) -> None:
+        if not self.order:
+            present = tuple(k for k in self._TYPED if getattr(self, k) is not None)
+            object.__setattr__(self, "order", present + tuple(self.detail))
+
+    def to_dict(self) -> dict[str, Any]:
+        values = {k: getattr(self, k) for k in self._TYPED}
+        values["plan"] = self.plan.to_dict() if self.plan is not None else None
+        return _in_order(self.order, {**values, **self.detail})
+
+    @classmethod
+    def from_dict(cls, d: Any) -> TuneModeRecord:
+        """Read `to_dict()`'s output back; ValueError names what is malformed."""
+        what = "tune mode record"
+        d = _object(d, what)
+        plan = d.get("plan")
+        return cls(state=_opt(d, "state", str, what), reason=_opt(d, "reason", str, what),
+                   model_id=_opt(d, "model_id", str, what), fingerprint=_opt(d, "fingerprint", dict, what),
+                   plan=None if plan is None else TunePlanRow.from_dict(plan),
+                   detail={k: v for k, v in d.items() if k not in cls._TYPED}, order=tuple(d))
+
+    def updated(self, **fields: Any) -> TuneModeRecord:
+        """These fields (in their wire form) set, as a dict update would: new keys go last."""
+        return TuneModeRecord.from_dict({**self.to_dict(), **fields})
+
+
+# A tune record's typed fields: (key, kind). "number" is int or float; the rest are parsed below.
+_TUNE_FIELDS: tuple[tuple[str, Any], ...] = (
+    ("model", str), ("state", str), ("stage", str), ("text", str), ("trigger", str),
+    ("created", "number"), ("started", "number"), ("finished", "number"), ("batch", "number"),
+    ("budget_s", "number"), ("candidates", "names"), ("modes", "modes"), ("skipped", "texts"),
+    ("choice", "plan"), ("swap", dict), ("error", str), ("key", dict), ("capabilities", dict),
+    ("model_id", str), ("mode", str), ("points_done", "number"), ("points_total", "number"),
+)
+
+
+@dataclass(frozen=True)
+class TuneRecord:
+    """A tune of one model as packrat.tune.Tracker writes it (<state>/tune/<model>.json, the
+    REST status's "tune", a tune job's progress): its stage, every mode's entry, the choice,
+    its swap and the key it is valid for (base archive, its hash, the machine)."""
+
+    model: str | None = None
+    state: str | None = None  # queued running done failed
+    stage: str | None = None  # queued probing guarding profiling planning applying applied pinned failed
+    text: str | None = None  # the stage in words
+    trigger: str | None = None  # "request", "auto: <why>"
+    created: float | None = None
+    started: float | None = None
+    finished: float | None = None
+    batch: int | None = None  # the load batch B the choice is made for
+    budget_s: float | None = None
+    candidates: tuple[str, ...] = ()
+    modes: dict[str, TuneModeRecord] = field(default_factory=dict, hash=False)
+    skipped: dict[str, str] = field(default_factory=dict, hash=False)  # mode -> why it is not tried
+    choice: Plan | None = None  # the (mode, plan) chosen
+    swap: dict[str, Any] | None = field(default=None, hash=False)  # SwapRecord.to_dict() or an outcome
+    error: str | None = None
+    key: dict[str, Any] | None = field(default=None, hash=False)  # packrat.tune.tune_key
+    capabilities: dict[str, Any] | None = field(default=None, hash=False)  # the probe's (Capabilities.to_dict)
+    model_id: str | None = None  # the base archive's content hash
+    mode: str | None = None  # the mode being measured
+    points_done: int | None = None
+    points_total: int | None = None
+    detail: dict[str, Any] = field(default_factory=dict, hash=False)  # keys this type does not know
+    order: tuple[str, ...] = field(default=(), compare=False, repr=False)  # as TuneModeRecord.order
+
+    def __post_init__(self) -> None:
+        if not self.order:
+            present = tuple(k for k, _ in _TUNE_FIELDS if getattr(self, k) not in (None, (), {}))
+            object.__setattr__(self, "order", present + tuple(self.detail))
+
+    def to_dict(self) -> dict[str, Any]:
+        values = {k: getattr(self, k) for k, _ in _TUNE_FIELDS}
+        values.update(candidates=list(self.candidates), skipped=dict(self.skipped),
+                      modes={m: r.to_dict() for m, r in self.modes.items()},
+                      choice=self.choice.to_dict() if self.choice is not None else None)
+        return _in_order(self.order, {**values, **self.detail})
+
+    @classmethod
+    def from_dict(cls, d: Any) -> TuneRecord:
+        """Read `to_dict()`'s output back (any key may be missing: its default); ValueError
+        names what is malformed."""
+        d = _object(d, "tune record")
+        typed = {k: _tune_field(d, k, kind) for k, kind in _TUNE_FIELDS}
+        for k in ("batch", "points_done", "points_total"):
+            typed[k] = None if typed[k] is None else int(typed[k])
+        known = {k for k, _ in _TUNE_FIELDS}
+        return cls(**typed, detail={k: v for k, v in d.items() if k not in known}, order=tuple(d))
+
+    def updated(self, **fields: Any) -> TuneRecord:
+        """These fields (in their wire form) set, as a dict update would: new keys go last."""
+        return TuneRecord.from_dict({**self.to_dict(), **fields})
+
+    def with_mode(self, mode: str, **fields: Any) -> TuneRecord:
+        """Mode `mode`'s entry updated with these fields (created when new)."""
+        entry = self.modes.get(mode, TuneModeRecord()).updated(**fields)
+        return replace(self, modes={**self.modes, mode: entry},
+                       order=self.order if "modes" in self.order else self.order + ("modes",))
+
+
+def _tune_field(d: dict[str, Any], key: str, kind: Any) -> Any:
+    what = "tune record"
+    if kind == "number":
+        return _num(d, key, what)
+    if kind == "names":
+        v = _opt(d, key, list, what) or []
+        if not all(isinstance(x, str) for x in v):
+            raise ValueError(f"malformed {what}: {key} is {v!r}, not a list of modes")
+        return tuple(v)
+    if kind == "texts":
+        return _str_map(d, key, what)
+    if kind == "modes":
+        try:
+            return {m: TuneModeRecord.from_dict(r) for m, r in (_opt(d, key, dict, what) or {}).items()}
+        except ValueError as exc:
+            raise ValueError(f"malformed {what}: modes: {exc}") from None
+    if kind == "plan":
+        return None if d.get(key) is None else Plan.from_dict(d[key])
+    return _opt(d, key, kind, what)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from packrat.bench.loadgen import ContinuousLoad
 from packrat.plan import MODE_MARGIN, mode_candidates, realizable_plan, same_shape
 from packrat.profile.probe import Capabilities
 from packrat.tune import candidate_modes
-from packrat.types import Fingerprint, Instance, Plan, Profile, ProfilePoint
+from packrat.types import Fingerprint, Instance, Plan, Profile, ProfilePoint, TuneRecord
 from serving_support import ControllerProcess, start_server
 from waiting import wait_until
 
@@ -74,14 +74,15 @@ def test_candidate_modes_follow_the_machine_and_the_task() -> None:
 
 def test_retune_rule() -> None:
     key = {"base": "m", "model_id": "sha256:a", "machine": {"cpu_model": "X"}}
+    rec = TuneRecord.from_dict
     assert why_tune(None, key, running=False) == "never tuned"
-    assert why_tune({"state": "done", "key": key}, key, running=False) is None
-    assert why_tune({"state": "failed", "key": key}, key, running=False) is None  # not in a loop
-    assert why_tune({"state": "done", "key": dict(key, model_id="sha256:b")}, key, False) == "new archive version"
-    assert why_tune({"state": "done", "key": dict(key, base="m2")}, key, False) == "new archive version"
-    assert why_tune({"state": "done", "key": dict(key, machine={"cpu_model": "Y"})}, key, False) \
+    assert why_tune(rec({"state": "done", "key": key}), key, running=False) is None
+    assert why_tune(rec({"state": "failed", "key": key}), key, running=False) is None  # not in a loop
+    assert why_tune(rec({"state": "done", "key": dict(key, model_id="sha256:b")}), key, False) == "new archive version"
+    assert why_tune(rec({"state": "done", "key": dict(key, base="m2")}), key, False) == "new archive version"
+    assert why_tune(rec({"state": "done", "key": dict(key, machine={"cpu_model": "Y"})}), key, False) \
         == "machine fingerprint changed"
-    assert why_tune({"state": "running", "key": None}, key, running=False) == "never finished"
+    assert why_tune(rec({"state": "running", "key": None}), key, running=False) == "never finished"
     assert why_tune(None, key, running=True) is None
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from packrat.observe.estimator import EstimatorState, estimate
 from packrat.observe.policy import PolicyContext, PolicyState, decide
-from packrat.types import Decision, Estimate, Instance, Observation, Plan
+from packrat.types import Decision, Estimate, Instance, Observation, Plan, TuneModeRecord, TunePlanRow, TuneRecord
 
 DATA = Path(__file__).parent / "data"
 PLAN = Plan(cores=2, batch=4, instances=(Instance(1, 2, 20.0),) * 2, predicted_latency_ms=20.0,
@@ -75,3 +75,84 @@ def test_an_estimate_round_trips() -> None:
     with pytest.raises(ValueError, match="batch"):
         Estimate.from_dict(dict(est.to_dict(), batch=[4]))
     assert replace(est, step=True) != est
+
+
+def test_a_tune_record_written_before_the_type_loads_and_writes_back_the_same_bytes(tmp_path: Path) -> None:
+    from packrat import tune
+
+    raw = (DATA / "tune" / "record-old.json").read_text()  # written by packrat.tune's Tracker of before
+    rec = TuneRecord.from_dict(json.loads(raw))
+    assert json.dumps(rec.to_dict(), indent=1, default=str) == raw
+    assert (rec.state, rec.stage, rec.batch, rec.candidates) == ("done", "applied", 4,
+                                                                 ("fp32-eager", "fp32-torchscript", "int8-eager"))
+    refused = rec.modes["int8-eager"]
+    assert refused.state == "refused" and "AccuracyGuardError" in (refused.reason or "")
+    assert refused.model_id == rec.key["model_id"] and refused.fingerprint["mode"] == "int8-eager"
+    assert rec.modes["fp32-eager"].plan == TunePlanRow(
+        "fp32-eager", 20.0, 25.0, "2x(t1,b2)",
+        kept="chosen before fp32-torchscript (20 ms): a later mode must be more than 3% faster")
+    assert rec.modes["fp32-eager"].detail["points"] == 6
+    assert isinstance(rec.choice, Plan) and rec.choice.mode == "fp32-eager"
+    # load_record reads it from the state dir as the controller does
+    path = tune.record_path(tmp_path, "m")
+    path.parent.mkdir(parents=True)
+    path.write_text(raw)
+    assert tune.load_record(tmp_path, "m") == rec
+    path.write_text(raw.replace('"batch": 4', '"batch": "four"'))
+    assert tune.load_record(tmp_path, "m") is None  # malformed: as if never tuned (logged)
+
+
+def test_the_tracker_writes_what_a_dict_update_wrote(tmp_path: Path) -> None:
+    """Tracker.set/mode update the record as the dict of before did: keys in first-written
+    order, new keys last, the file rewritten each time."""
+    from packrat import tune
+
+    tracker = tune.Tracker(tmp_path, "m", clock=lambda: 5.0)
+    expected: dict = {"model": "m", "state": "queued", "stage": "queued", "text": "queued", "trigger": None,
+                      "created": 5.0, "started": None, "finished": None, "batch": None, "budget_s": None,
+                      "candidates": [], "modes": {}, "skipped": {}, "choice": None, "swap": None,
+                      "error": None, "key": None}
+    steps = [("set", None, {"state": "running", "capabilities": {"mode": "fp32-eager"}, "mode": "bf16-eager"}),
+             ("mode", "bf16-eager", {"state": "pending", "path": "/p", "why": "not profiled"}),
+             ("mode", "bf16-eager", {"state": "refused", "reason": "AccuracyGuardError", "fingerprint": {"a": 1}}),
+             ("mode", "fp32-eager", {"state": "profiled", "plan": {"mode": "fp32-eager", "reason": "no plan"}}),
+             ("set", None, {"choice": PLAN.to_dict(), "points_done": 3, "extra_key": [1, 2]})]
+    for kind, mode, fields in steps:
+        if kind == "set":
+            tracker.set(**fields)
+            expected.update(fields)
+        else:
+            tracker.mode(mode, **fields)
+            expected["modes"].setdefault(mode, {}).update(fields)
+        on_disk = tune.record_path(tmp_path, "m").read_text()
+        assert on_disk == json.dumps(expected, indent=1, default=str)
+        assert tracker.snapshot() == expected
+    assert tracker.record().detail == {"extra_key": [1, 2]} and tracker.record().choice == PLAN
+    snap = tracker.snapshot()
+    snap["modes"]["bf16-eager"]["state"] = "changed"  # a snapshot is the caller's copy
+    assert tracker.record().modes["bf16-eager"].state == "refused"
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda d: d.update(state=3), "state"),
+    (lambda d: d.update(candidates="fp32-eager"), "candidates"),
+    (lambda d: d["modes"]["int8-eager"].update(reason=["x"]), "reason"),
+    (lambda d: d["modes"].update(bad=[]), "modes"),
+    (lambda d: d["modes"]["fp32-eager"]["plan"].update(predicted_ms="fast"), "predicted_ms"),
+    (lambda d: d.update(skipped={"bf16-eager": 1}), "skipped"),
+    (lambda d: d.update(choice={"cores": 2}), "plan"),
+    (lambda d: d.update(key="k"), "key"),
+])
+def test_a_malformed_tune_record_is_named(change, named: str) -> None:
+    d = json.loads((DATA / "tune" / "record-old.json").read_text())
+    change(d)
+    with pytest.raises(ValueError, match=named):
+        TuneRecord.from_dict(d)
+
+
+def test_the_retune_rule_reads_a_record_of_a_few_keys() -> None:
+    rec = TuneRecord.from_dict({"state": "done"})
+    assert rec.key is None and rec.modes == {} and rec.to_dict() == {"state": "done"}
+    built = TuneRecord(model="m", state="done", modes={"fp32-eager": TuneModeRecord(state="reused")})
+    assert TuneRecord.from_dict(built.to_dict()) == built
+    assert built.to_dict() == {"model": "m", "state": "done", "modes": {"fp32-eager": {"state": "reused"}}}

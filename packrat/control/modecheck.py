@@ -25,6 +25,7 @@ from packrat.apply import versions
 from packrat.control.values import ModelState
 from packrat.modes import ExecutionMode
 from packrat.profile.probe import Capabilities, probe_archive
+from packrat.types import TuneRecord
 
 
 def mode_refusal(state_dir: Path, st: ModelState, base: str, base_dir: Path, mode: str) -> str | None:
@@ -39,21 +40,21 @@ def mode_refusal(state_dir: Path, st: ModelState, base: str, base_dir: Path, mod
         return f"{st.model}'s live version is not a Packrat archive: it has no execution modes"
     if mode in (st.mode, versions.served_mode(base_dir)):
         return None
-    record = tune.load_record(state_dir, st.model) or {}
+    record = tune.load_record(state_dir, st.model)
     key = tune.tune_key(base_dir, base)
-    entry = (record.get("modes") or {}).get(mode) or {}
-    if entry.get("state") == "refused" and entry.get("model_id") in (None, key["model_id"]):
-        reason = " ".join(str(entry.get("reason") or "").split())[:500]
+    entry = record.modes.get(mode) if record is not None else None
+    if entry is not None and entry.state == "refused" and entry.model_id in (None, key["model_id"]):
+        reason = " ".join((entry.reason or "").split())[:500]
         return f"{mode} failed its accuracy guard for {st.model} in the last tune: {reason}"
     why = tune.unsupported(mode, _capabilities(record, key, base_dir))
     return f"{mode} is not supported for {st.model} on this machine: {why}" if why else None
 
 
-def _capabilities(record: dict[str, Any], key: dict[str, Any], base_dir: Path) -> Capabilities:
+def _capabilities(record: TuneRecord | None, key: dict[str, Any], base_dir: Path) -> Capabilities:
     """What this machine runs for the archive: the last tune's probe when the tune was made for
     this archive and machine, else a fresh probe."""
-    caps = record.get("capabilities")
-    if isinstance(caps, dict) and record.get("key") == key and "mode" in caps:
+    caps = record.capabilities if record is not None and record.key == key else None
+    if caps is not None and "mode" in caps:
         return Capabilities(task=caps.get("task"), mode=caps["mode"], runtimes=tuple(caps.get("runtimes") or ()),
                             bf16=caps.get("bf16"), unavailable=dict(caps.get("unavailable") or {}),
                             int8=caps.get("int8"))

@@ -40,7 +40,7 @@ from packrat.control.values import ModelState
 from packrat.errors import BusyError, ConfigError, PackratError
 from packrat.jobs import Job, Jobs, Turns
 from packrat.plan import same_shape
-from packrat.types import Policy
+from packrat.types import Policy, TuneRecord
 
 if TYPE_CHECKING:  # the coordinator; it imports this module
     from packrat.control import Controller
@@ -85,10 +85,15 @@ class Tuning:
             return None  # a model served by its own handler: no modes to try
         return tune.tune_key(base_dir, base)
 
-    def status(self, model: str) -> dict[str, Any] | None:
+    def record(self, model: str) -> TuneRecord | None:
         """The running or last tune of `model` (stage, modes, choice), or None if never tuned."""
         tracker = self._tunes.get(model)
-        return tracker.snapshot() if tracker is not None else tune.load_record(self.state_dir, model)
+        return tracker.record() if tracker is not None else tune.load_record(self.state_dir, model)
+
+    def status(self, model: str) -> dict[str, Any] | None:
+        """record() in its wire form (the REST status)."""
+        rec = self.record(model)
+        return rec.to_dict() if rec is not None else None
 
     def observed_batch(self, model: str) -> int | None:
         """The re-plan loop's latest ready estimate of B under load, if any."""
@@ -148,10 +153,10 @@ class Tuning:
     def _apply_tuned(self, model: str, result: tune.TuneResult, tracker: tune.Tracker,
                      key: dict[str, Any]) -> dict[str, Any]:
         plan = result.plan
-        base_row = result.per_mode[0] if result.per_mode else {}  # the archive's own mode comes first
+        base_row = result.per_mode[0] if result.per_mode else None  # the archive's own mode comes first
         summary = (f"{tune.describe(plan)}: predicted {plan.predicted_latency_ms:.0f} ms at B={plan.batch}"
-                   + (f" (fat {base_row['mode']}: {base_row['fat_ms']:.0f} ms)"
-                      if base_row.get("fat_ms") else ""))
+                   + (f" (fat {base_row.mode}: {base_row.fat_ms:.0f} ms)"
+                      if base_row is not None and base_row.fat_ms else ""))
         tracker.set(stage="applying", text=f"applying {summary}", choice=plan.to_dict())
         live = self.read_state(model)  # read now: the tune took minutes
         live_plan = replace(live.plan, mode=live.plan.mode or live.mode) if live.plan is not None else None
@@ -173,18 +178,18 @@ class Tuning:
         return tracker.snapshot()
 
 
-def why_tune(record: dict[str, Any] | None, key: dict[str, Any], running: bool) -> str | None:
+def why_tune(record: TuneRecord | None, key: dict[str, Any], running: bool) -> str | None:
     """Why a model with this last tune record needs tuning now (None: it does not). Pure."""
     if running:
         return None
     if record is None:
         return "never tuned"
-    if record.get("key") != key:
-        old = record.get("key") or {}
+    if record.key != key:
+        old = record.key or {}
         if old.get("base") != key.get("base") or old.get("model_id") != key.get("model_id"):
             return "new archive version" if old else "never finished"
         return "machine fingerprint changed"
-    if record.get("state") not in ("done", "failed"):
+    if record.state not in ("done", "failed"):
         return "interrupted"
     return None
 
@@ -214,7 +219,7 @@ class AutoTuner:
                 if c.pins.pinned(model):
                     continue  # the operator's (mode, plan) stays
                 running = c.jobs.unfinished("tune", model) is not None
-                why = why_tune(c.tune_status(model) if not running else None, key, running)
+                why = why_tune(c.tuning.record(model) if not running else None, key, running)
                 if why is None:
                     continue
                 c.tuning.start(st, self.options, trigger=f"auto: {why}")

@@ -32,8 +32,8 @@ tuned, for which archive and machine (the `key`), and what was refused.
 
 from __future__ import annotations
 
-import copy
 import json
+import logging
 import os
 import threading
 import time
@@ -52,7 +52,7 @@ from packrat.profile.identity import archive_in_mode
 from packrat.profile.library import HASHES, check_mode_profile, profile_file
 from packrat.profile.probe import probe_archive
 from packrat.tune.modes import ALL, candidate_modes
-from packrat.types import Plan, Profile
+from packrat.types import Plan, Profile, TunePlanRow, TuneRecord
 
 DEFAULT_BATCH = 8  # planned for when no load has been observed yet
 # One model, every mode: guards, loads and points. 3 modes x ~60 s (2 loads, 8 points
@@ -63,6 +63,8 @@ DEFAULT_POINT_BUDGET_S = 5.0
 # A mode is not started with less budget left than this (loading alone takes seconds).
 MIN_MODE_BUDGET_S = 8.0
 TUNE_DIR = "tune"
+
+log = logging.getLogger("packrat.tune")
 
 
 @dataclass(frozen=True)
@@ -118,10 +120,15 @@ def record_path(state_dir: str | Path, model: str) -> Path:
     return Path(state_dir) / TUNE_DIR / f"{model}.json"
 
 
-def load_record(state_dir: str | Path, model: str) -> dict[str, Any] | None:
+def load_record(state_dir: str | Path, model: str) -> TuneRecord | None:
+    """The model's last tune record; None when there is none or it is unreadable (logged)."""
+    path = record_path(state_dir, model)
     try:
-        return json.loads(record_path(state_dir, model).read_text())
-    except (OSError, ValueError):
+        return TuneRecord.from_dict(json.loads(path.read_text()))
+    except OSError:
+        return None
+    except ValueError as exc:  # torn JSON or a malformed record: as if never tuned
+        log.warning("tune record %s unusable: %s", path, exc)
         return None
 
 
@@ -141,7 +148,8 @@ def tune_key(base_dir: str | Path, base: str) -> dict[str, Any]:
 
 
 class Tracker:
-    """The tune of one model as it goes; thread-safe snapshots, persisted on every change."""
+    """The tune of one model as it goes (a TuneRecord); thread-safe snapshots, persisted on
+    every change. set() and mode() take fields in their wire form (TuneRecord.to_dict's)."""
 
     def __init__(self, state_dir: str | Path | None, model: str,
                  on_change: Callable[[dict[str, Any]], None] | None = None,
@@ -150,31 +158,35 @@ class Tracker:
         self._on_change = on_change
         self._clock = clock
         self._lock = threading.Lock()
-        self._d: dict[str, Any] = {
+        self._rec = TuneRecord.from_dict({
             "model": model, "state": "queued", "stage": "queued", "text": "queued",
             "trigger": None, "created": clock(), "started": None, "finished": None,
             "batch": None, "budget_s": None, "candidates": [], "modes": {},
             "skipped": {}, "choice": None, "swap": None, "error": None, "key": None,
-        }
+        })
 
     def set(self, **fields: Any) -> None:
         with self._lock:
-            self._d.update(fields)
-            snap = copy.deepcopy(self._d)
+            self._rec = self._rec.updated(**fields)
+            snap = self._rec.to_dict()
         self._publish(snap)
 
     def mode(self, mode: str, **fields: Any) -> None:
         with self._lock:
-            self._d["modes"].setdefault(mode, {}).update(fields)
-            snap = copy.deepcopy(self._d)
+            self._rec = self._rec.with_mode(mode, **fields)
+            snap = self._rec.to_dict()
         self._publish(snap)
 
     def now(self) -> float:
         return self._clock()
 
-    def snapshot(self) -> dict[str, Any]:
+    def record(self) -> TuneRecord:
         with self._lock:
-            return copy.deepcopy(self._d)
+            return self._rec
+
+    def snapshot(self) -> dict[str, Any]:
+        """The record in its wire form (a fresh dict: the caller may keep it)."""
+        return self.record().to_dict()
 
     def _publish(self, snap: dict[str, Any]) -> None:
         if self._path is not None:
@@ -190,7 +202,7 @@ class Tracker:
 class TuneResult:
     plan: Plan  # carries its mode
     profiles: tuple[Profile, ...]  # the usable profile of every mode that has one
-    per_mode: tuple[dict[str, Any], ...]  # each mode's best plan or why it has none
+    per_mode: tuple[TunePlanRow, ...]  # each mode's best plan or why it has none
 
 
 def _shape_text(plan: Plan) -> str:
@@ -204,13 +216,11 @@ def describe(plan: Plan) -> str:
     return f"{plan.mode or 'base mode'} {_shape_text(plan)}"
 
 
-def _refused_before(previous: dict[str, Any] | None, mode: str, model_id: str,
+def _refused_before(previous: TuneRecord | None, mode: str, model_id: str,
                     fingerprint: dict[str, Any]) -> str | None:
-    if not previous:
-        return None
-    m = (previous.get("modes") or {}).get(mode) or {}
-    if m.get("state") == "refused" and m.get("model_id") == model_id and m.get("fingerprint") == fingerprint:
-        return m.get("reason")
+    m = previous.modes.get(mode) if previous is not None else None
+    if m is not None and m.state == "refused" and m.model_id == model_id and m.fingerprint == fingerprint:
+        return m.reason
     return None
 
 
@@ -272,7 +282,7 @@ def tune_model(
     settings: TuneSettings,
     tracker: Tracker,
     *,
-    previous: dict[str, Any] | None = None,
+    previous: TuneRecord | None = None,
     log_dir: str | Path | None = None,
 ) -> TuneResult:
     """Guard and profile every candidate mode of `model`'s base archive, then choose; see the module doc."""
@@ -293,7 +303,7 @@ def tune_model(
     return _choose(run, modes, profiles)
 
 
-def _settle(run: _Run, modes: list[str], requested: list[str], previous: dict[str, Any] | None
+def _settle(run: _Run, modes: list[str], requested: list[str], previous: TuneRecord | None
             ) -> tuple[list[str], dict[str, Profile]]:
     """(modes that need measuring, {mode: its reused profile}); the rest refused before."""
     todo: list[str] = []
@@ -426,19 +436,17 @@ def _turn(run: _Run, mode: str, label: str, share: float, first_turn: bool) -> t
     return prof, False
 
 
-def _plan_row(mp: ModePlan, best: ModePlan | None, quickest: ModePlan | None) -> dict[str, Any]:
+def _plan_row(mp: ModePlan, best: ModePlan | None, quickest: ModePlan | None) -> TunePlanRow:
     """One mode's line of the choice: its best plan, or why it has none."""
-    row: dict[str, Any] = {"mode": mp.mode}
     if mp.plan is None:
-        row["reason"] = mp.reason
-        return row
-    row.update(predicted_ms=round(mp.plan.predicted_latency_ms, 3),
-               fat_ms=None if mp.plan.fat_latency_ms is None else round(mp.plan.fat_latency_ms, 3),
-               shape=_shape_text(mp.plan))
+        return TunePlanRow(mp.mode, reason=mp.reason)
+    kept = None
     if mp is best and quickest is not best:
-        row["kept"] = (f"chosen before {quickest.mode} ({quickest.plan.predicted_latency_ms:.0f} ms): "
-                       f"a later mode must be more than {MODE_MARGIN:.0%} faster")
-    return row
+        kept = (f"chosen before {quickest.mode} ({quickest.plan.predicted_latency_ms:.0f} ms): "
+                f"a later mode must be more than {MODE_MARGIN:.0%} faster")
+    return TunePlanRow(mp.mode, predicted_ms=round(mp.plan.predicted_latency_ms, 3),
+                       fat_ms=None if mp.plan.fat_latency_ms is None else round(mp.plan.fat_latency_ms, 3),
+                       shape=_shape_text(mp.plan), kept=kept)
 
 
 def _choose(run: _Run, modes: list[str], profiles: dict[str, Profile]) -> TuneResult:
@@ -448,18 +456,18 @@ def _choose(run: _Run, modes: list[str], profiles: dict[str, Profile]) -> TuneRe
     ordered = [profiles[m] for m in modes if m in profiles]
     if not ordered:
         raise ProfileError(f"no mode of {run.model} could be profiled: "
-                           + "; ".join(f"{m}: {v.get('state')} {v.get('reason', '')}"
-                                       for m, v in tracker.snapshot()["modes"].items()))
+                           + "; ".join(f"{m}: {v.state} {v.reason or ''}"
+                                       for m, v in tracker.record().modes.items()))
     per_mode, best = plans_per_mode(ordered, settings.cores, settings.batch, realizable=True)
     quickest = fastest(per_mode)
     report = []
     for mp in per_mode:
         row = _plan_row(mp, best, quickest)
-        tracker.mode(mp.mode, plan=row)
+        tracker.mode(mp.mode, plan=row.to_dict())
         report.append(row)
     if best is None or best.plan is None:
         raise PlanError(f"no mode of {run.model} has a plan for B={settings.batch}: "
-                        + "; ".join(f"{r['mode']}: {r.get('reason')}" for r in report))
+                        + "; ".join(f"{r.mode}: {r.reason}" for r in report))
     plan = replace(best.plan, mode=best.mode)
     return TuneResult(plan=plan, profiles=tuple(ordered), per_mode=tuple(report))
 
