@@ -156,3 +156,17 @@ def test_the_retune_rule_reads_a_record_of_a_few_keys() -> None:
     built = TuneRecord(model="m", state="done", modes={"fp32-eager": TuneModeRecord(state="reused")})
     assert TuneRecord.from_dict(built.to_dict()) == built
     assert built.to_dict() == {"model": "m", "state": "done", "modes": {"fp32-eager": {"state": "reused"}}}
+
+
+def test_the_bench_summarises_a_typed_tune_record() -> None:
+    from packrat.bench.tuned import TuneOutcome, tune_summary
+
+    d = json.loads((DATA / "tune" / "record-old.json").read_text())
+    outcome = TuneOutcome("done", 61.0, TuneRecord.from_dict(d))
+    assert outcome.choice() == Plan.from_dict(d["choice"])
+    summary = tune_summary(outcome.record)
+    assert summary["modes"]["fp32-eager"] == {k: d["modes"]["fp32-eager"][k] for k in (
+        "state", "why", "plan", "points", "duration_s", "guard")}
+    assert summary["modes"]["int8-eager"]["reason"] == d["modes"]["int8-eager"]["reason"]
+    assert (summary["choice"], summary["swap"], summary["batch"]) == (d["choice"], d["swap"], 4)
+    assert TuneOutcome("failed", 1.0).choice() is None

@@ -27,7 +27,6 @@ from packrat.bench.loadgen import Connection, Target, closed_loop
 from packrat.bench.machine import describe_machine
 from packrat.bench.run import sample_request
 from packrat.bench.tuned import TuneOutcome, fat_plan, run_tune
-from packrat.types import Plan
 
 
 def shape(plan: dict | None) -> str:
@@ -105,17 +104,17 @@ def _bench_model(bench: _Bench, cores: int, rate: float, budget_s: float | None,
     ctl.apply(model, fat_plan(cores, B, None))
     bench.measure("fat-fp32-eager")
     outcome, during = bench.tune_under_load(rate, budget_s, modes)
-    tuned_s, tune = outcome.seconds, outcome.record
+    tuned_s = outcome.seconds
     bench.write({"kind": "tune", "model": model, "seconds": round(tuned_s, 1), "state": outcome.state,
-                 "error": outcome.error, "tune": tune, "load_during": during})
+                 "error": outcome.error, "tune": outcome.record.to_dict(), "load_during": during})
     errors = sum(d["errors"] for d in during)
     requests_during = sum(d["ok"] + d["errors"] for d in during)
     print(f"{model}: tuned in {tuned_s:.0f} s ({outcome.state}); {requests_during} requests during "
           f"tuning, {errors} failed", file=sys.stderr)
-    if not outcome.ok:
-        print(outcome.error, file=sys.stderr)
+    tuned_plan = outcome.choice()
+    if not outcome.ok or tuned_plan is None:
+        print(outcome.error or "the tune chose no plan", file=sys.stderr)
         return
-    tuned_plan = Plan.from_dict(tune["choice"])
     bench.measure("tuned", {"tune_s": round(tuned_s, 1)})
     ctl.apply(model, fat_plan(cores, B, tuned_plan.mode))
     bench.measure("fat-tuned-mode")

@@ -25,7 +25,7 @@ from typing import Any
 
 from packrat.errors import PlanError
 from packrat.plan import every_uniform_plan, plans_per_mode
-from packrat.types import Instance, Plan, Profile
+from packrat.types import Instance, Plan, Profile, TuneRecord
 
 TUNED_CONFIGS = ("fat-tuned", "tuned")
 
@@ -54,7 +54,7 @@ def seed_base_profile(state_dir: Path, model: str, base_mode: str, profile: Prof
 class TuneOutcome:
     state: str  # "done" | "failed"
     seconds: float  # start_tune to the job's end (the swap to the choice included)
-    record: dict[str, Any] = field(default_factory=dict)  # the tune's record (packrat.tune.Tracker)
+    record: TuneRecord = field(default_factory=TuneRecord)  # the tune's record (packrat.tune.Tracker)
     error: str | None = None
 
     @property
@@ -62,8 +62,7 @@ class TuneOutcome:
         return self.state == "done"
 
     def choice(self) -> Plan | None:
-        d = self.record.get("choice")
-        return Plan.from_dict(d) if d else None
+        return self.record.choice
 
 
 def run_tune(controller: Any, model: str, *, batch: int, budget_s: float | None = None,
@@ -85,7 +84,7 @@ def run_tune(controller: Any, model: str, *, batch: int, budget_s: float | None 
         last = text
         time.sleep(poll_s)
     return TuneOutcome(state=job.state, seconds=round(time.monotonic() - t0, 1),
-                       record=dict(job.result or job.progress or {}), error=job.error)
+                       record=TuneRecord.from_dict(job.result or job.progress or {}), error=job.error)
 
 
 def mode_profiles_for(state_dir: Path, model: str, base_dir: Path, base_mode: str | None) -> list[Profile]:
@@ -122,14 +121,15 @@ def tuned_pair(profiles: Sequence[Profile], cores: int, batch: int) -> TunedPair
                      per_mode=rows)
 
 
-def tune_summary(record: dict[str, Any]) -> dict[str, Any]:
+def tune_summary(record: TuneRecord) -> dict[str, Any]:
     """The parts of a tune record a report shows: per mode its state, reason, plan at the tune's B."""
     modes = {}
-    for mode, d in (record.get("modes") or {}).items():
-        modes[mode] = {k: d[k] for k in ("state", "reason", "why", "plan", "points", "duration_s", "guard")
-                       if d.get(k) is not None}
-        if "reason" in modes[mode]:
-            modes[mode]["reason"] = str(modes[mode]["reason"])[:500]
-    return {"batch": record.get("batch"), "budget_s": record.get("budget_s"), "modes": modes,
-            "skipped": record.get("skipped") or {}, "choice": record.get("choice"),
-            "swap": record.get("swap"), "text": record.get("text")}
+    for mode, m in record.modes.items():
+        shown = {"state": m.state, "reason": None if m.reason is None else m.reason[:500],
+                 "why": m.detail.get("why"), "plan": m.plan.to_dict() if m.plan is not None else None,
+                 "points": m.detail.get("points"), "duration_s": m.detail.get("duration_s"),
+                 "guard": m.detail.get("guard")}
+        modes[mode] = {k: v for k, v in shown.items() if v is not None}
+    return {"batch": record.batch, "budget_s": record.budget_s, "modes": modes, "skipped": dict(record.skipped),
+            "choice": record.choice.to_dict() if record.choice is not None else None,
+            "swap": record.swap, "text": record.text}
