@@ -170,3 +170,16 @@ def test_the_bench_summarises_a_typed_tune_record() -> None:
     assert summary["modes"]["int8-eager"]["reason"] == d["modes"]["int8-eager"]["reason"]
     assert (summary["choice"], summary["swap"], summary["batch"]) == (d["choice"], d["swap"], 4)
     assert TuneOutcome("failed", 1.0).choice() is None
+
+
+def test_the_cli_mode_table_reads_a_typed_tune_record() -> None:
+    from packrat.commands.tune import mode_table
+
+    d = json.loads((DATA / "tune" / "record-old.json").read_text())
+    d["modes"]["bf16-eager"] = {"state": "pending"}  # no reason yet: a blank, not an IndexError
+    d["skipped"] = {"bf16-openvino": "no avx512_bf16"}
+    lines = mode_table(TuneRecord.from_dict(d)).splitlines()
+    assert lines[1].split() == ["fp32-eager", "profiled", "20.0", "25.0", "2x(t1,b2)"]
+    assert lines[3].split()[:4] == ["int8-eager", "refused", "-", "-"] and "AccuracyGuardError" in lines[3]
+    assert lines[4].split() == ["bf16-eager", "pending", "-", "-"]
+    assert lines[5].split() == ["bf16-openvino", "not", "tried", "-", "-", "no", "avx512_bf16"]

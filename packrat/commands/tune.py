@@ -9,24 +9,27 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
 from packrat.commands._client import API, KEY_FILE, call, shape_text
 from packrat.commands._options import setting_option
+from packrat.types import TuneRecord
 
 
-def mode_table(tune: dict[str, Any]) -> str:
+def mode_table(tune: TuneRecord) -> str:
     """Per mode: what happened to it and its best plan at the tune's batch."""
     lines = [f"  {'mode':<18} {'state':<9} {'predicted ms':>12} {'fat ms':>9}  shape / reason"]
-    for mode, m in (tune.get("modes") or {}).items():
-        plan = m.get("plan") or {}
-        pred = f"{plan['predicted_ms']:.1f}" if plan.get("predicted_ms") is not None else "-"
-        fat = f"{plan['fat_ms']:.1f}" if plan.get("fat_ms") is not None else "-"
-        what = plan.get("shape") or plan.get("reason") or (m.get("reason") or "").splitlines()[0][:100]
-        lines.append(f"  {mode:<18} {m.get('state', '?'):<9} {pred:>12} {fat:>9}  {what}")
-    for mode, why in (tune.get("skipped") or {}).items():
+    for mode, m in tune.modes.items():
+        row = m.plan
+        pred = f"{row.predicted_ms:.1f}" if row is not None and row.predicted_ms is not None else "-"
+        fat = f"{row.fat_ms:.1f}" if row is not None and row.fat_ms is not None else "-"
+        # the first line of a refusal's reason (none yet while a mode is pending)
+        what = ((row.shape or row.reason) if row is not None else None) or next(
+            iter((m.reason or "").splitlines()), "")[:100]
+        lines.append(f"  {mode:<18} {m.state or '?':<9} {pred:>12} {fat:>9}  {what}")
+    for mode, why in tune.skipped.items():
         lines.append(f"  {mode:<18} {'not tried':<9} {'-':>12} {'-':>9}  {why[:100]}")
     return "\n".join(lines)
 
@@ -62,7 +65,7 @@ def tune_command(
         time.sleep(1.0)
         job = call("GET", f"{api}/v1/jobs/{job['id']}", key_file)
     final = job.get("result") or job.get("progress") or {}
-    typer.echo(mode_table(final))
+    typer.echo(mode_table(TuneRecord.from_dict(final)))
     if job["state"] == "done":
         typer.echo(final.get("text", "done"))
     else:
@@ -86,7 +89,7 @@ def status_command(
         typer.echo(f"{name:<12} {st['version']:<6} {st.get('mode') or '-':<18} {shape_text(st.get('plan')):<22} "
                    f"{pinned:<7} {stage}")
         if modes and tune:
-            typer.echo(mode_table(tune))
+            typer.echo(mode_table(TuneRecord.from_dict(tune)))
 
 
 def register(app: typer.Typer) -> None:
