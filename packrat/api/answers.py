@@ -78,6 +78,8 @@ def render_status(s: ModelStatus) -> dict[str, Any]:
         "share": list(s.share) if s.share is not None else None,
         # An operator's pin (mode, plan, since): the re-plan loop and the tuner leave the model.
         "pin": s.pin,
+        # The input shape of the traffic served (tokens, pixels, generated: requests, mean, p50, p90).
+        "traffic": s.traffic,
     }
 
 

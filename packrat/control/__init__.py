@@ -19,6 +19,7 @@ passed down to the part that does each job:
     tuning      tunes as jobs, and tuning on by default (AutoTuner)
     pins        operator pins: a model set to a (mode, plan) is left as it is until unpinned
     modecheck   whether a model may be set to a mode (supported here, not refused by its guard)
+    traffic     the sizes each model's workers served (status, /metrics)
     health      GET /healthz
 
 Any exception in a tick is logged, counted (packrat_controller_tick_errors_total
@@ -103,6 +104,7 @@ class Controller:
                              self.pins.pinned)
         self.ticker = Ticker(self.client, settings.model_store, policy, self.swaps, self.planner, self.shares,
                              self.files, self.observer, self.metrics, clock, self.pins)
+        self.registry.register(self.ticker.traffic)  # type: ignore[arg-type]
         self.last_tick_at: float | None = None  # time.monotonic() the tick loop last went round
 
     # The swap lock and the running swap live in self.swaps; these names are the controller's.
@@ -152,8 +154,9 @@ class Controller:
         return self.swap_history.read(model, last)
 
     def status(self, model: str, st: ModelState | None = None) -> ModelStatus:
+        st = st or self.model_state(model)
         return ModelStatus(
-            state=st or self.model_state(model),
+            state=st,
             observed=self.observer.observed_latency(model),
             swap_in_progress=self.running_swap,
             last_swaps=tuple(self.history(model, last=10)),
@@ -161,6 +164,7 @@ class Controller:
             tune=self.tune_status(model),
             share=self.share_of(model),
             pin=self.pins.get(model),
+            traffic=self.ticker.traffic.update(st),
         )
 
     # -- plans, profiles and tunes (st: the request's reading, else read here once) -------

@@ -26,6 +26,7 @@ from packrat.control.pins import Pins
 from packrat.control.planning import Planner
 from packrat.control.statefiles import StateFiles
 from packrat.control.swaps import Swaps
+from packrat.control.traffic import TrafficShapes
 from packrat.control.values import ModelState
 from packrat.errors import BusyError, TorchServeError
 from packrat.types import Policy, Profile, TickContext
@@ -41,6 +42,7 @@ class Ticker:
         self.planner, self.shares, self.files, self.observer = planner, shares, files, observer
         self.metrics, self.clock, self.pins = metrics, clock, pins
         self.unreachable = False  # TorchServe's management API did not answer the last tick
+        self.traffic = TrafficShapes()  # the sizes each model's workers served (status, /metrics)
 
     def guarded(self, where: str, fn: Callable[[], Any]) -> Any:
         """Run one part of a tick; an exception is logged and counted, never raised."""
@@ -64,6 +66,7 @@ class Ticker:
             st = self.guarded(model, lambda: read_model_state(self.client, self.model_store, model))
             if st is not None:
                 states[model] = st
+        self.guarded("traffic", lambda: self.traffic.update_all(states.values()))
         # Each model's per-mode profiles, read and checked once for the division and its tick.
         profiles = {m: self.guarded(m, lambda: self.planner.tick_profiles(st)) or () for m, st in states.items()}
         self.guarded("divide", lambda: self.shares.divide(

@@ -80,3 +80,4 @@ class ModelStatus:
     tune: dict[str, Any] | None = None  # the model's last or running tune (packrat.tune.Tracker)
     share: tuple[int, ...] | None = None  # the cores this model may use now (cores among models)
     pin: dict[str, Any] | None = None  # the operator's pin (packrat.control.pins), None: not pinned
+    traffic: dict[str, Any] | None = None  # sizes served, per kind (packrat.control.traffic.shape)

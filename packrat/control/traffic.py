@@ -1,0 +1,93 @@
+"""The shape of the traffic each model serves: the sizes its live workers counted.
+
+Every worker counts the size of each request it serves (text tokens, image pixels,
+generated tokens) in a histogram in its mapped counters (packrat.worker_counters,
+written by the handler, no system call). Summed over a model's live workers, that is
+the distribution of what the live version has served since its workers started (a
+swap starts new workers, so it is also "since the last swap"). Status shows it per
+model, and /metrics as packrat_traffic_size{model, kind, stat} and
+packrat_traffic_requests{model, kind}: which input shape the traffic has, beside the
+one the plan was made for.
+
+Reading it costs one small file read per worker (no call to TorchServe); it is read
+whenever a ModelState is (status, and each tick), and /metrics reports the last reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from packrat import slots
+from packrat.control.values import ModelState
+from packrat.worker_counters import SIZE_KINDS, SizeHistogram
+
+QUANTILES = {"p50": 0.5, "p90": 0.9}
+
+
+def served_sizes(st: ModelState) -> dict[str, SizeHistogram] | None:
+    """{kind: histogram} summed over the model's live workers; None when no worker has one
+    (a version Packrat did not build, or workers still starting)."""
+    total: dict[str, SizeHistogram] | None = None
+    for worker in st.workers:
+        pid = worker.described.get("pid")
+        sizes = slots.read_worker_sizes(pid) if isinstance(pid, int) and pid > 0 else None
+        if sizes is None:
+            continue
+        total = sizes if total is None else {kind: total[kind] + sizes[kind] for kind in SIZE_KINDS}
+    return total
+
+
+def shape(sizes: Mapping[str, SizeHistogram] | None) -> dict[str, dict[str, Any]] | None:
+    """Per kind with requests: how many, their mean size and quantiles (sizes read from
+    half-octave buckets: within ~20 %, exact below 4). {}: no request served yet."""
+    if sizes is None:
+        return None
+    out: dict[str, dict[str, Any]] = {}
+    for kind, hist in sizes.items():
+        if hist.requests:
+            out[kind] = {"requests": hist.requests, "mean": round(hist.mean() or 0.0, 1),
+                         **{name: round(hist.quantile(q) or 0.0, 1) for name, q in QUANTILES.items()}}
+    return out
+
+
+class TrafficShapes:
+    """The last traffic shape read per model, and a Prometheus collector of it."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def update(self, st: ModelState) -> dict[str, dict[str, Any]] | None:
+        """Read `st`'s workers now; returns the shape (status shows it)."""
+        now = shape(served_sizes(st))
+        if now is None:
+            self._last.pop(st.model, None)
+        else:
+            self._last[st.model] = now
+        return now
+
+    def update_all(self, states: Iterable[ModelState]) -> None:
+        """A tick's reading of every model: models no longer listed are forgotten."""
+        states = list(states)
+        for st in states:
+            self.update(st)
+        for model in set(self._last) - {st.model for st in states}:
+            self._last.pop(model, None)
+
+    def describe(self) -> list[Any]:
+        return []  # registering must not read anything
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        size = GaugeMetricFamily("packrat_traffic_size", "Size of the requests the model's live workers "
+                                 "served (kind: tokens, pixels, generated; stat: mean, p50, p90)",
+                                 labels=["model", "kind", "stat"])
+        requests = GaugeMetricFamily("packrat_traffic_requests", "Requests the model's live workers counted "
+                                     "in their size histograms, per kind", labels=["model", "kind"])
+        for model, kinds in sorted(dict(self._last).items()):
+            for kind, row in kinds.items():
+                requests.add_metric([model, kind], row["requests"])
+                for stat in ("mean", *QUANTILES):
+                    size.add_metric([model, kind, stat], row[stat])
+        return [size, requests]

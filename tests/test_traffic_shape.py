@@ -1,0 +1,97 @@
+"""The controller reads the sizes a model's workers served (packrat.control.traffic):
+summed over the live workers, shown in status and in /metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client import CollectorRegistry, generate_latest
+
+from packrat import slots
+from packrat.api.answers import render_status
+from packrat.control.traffic import TrafficShapes, served_sizes, shape
+from packrat.control.values import ModelState, ModelStatus, WorkerState
+from packrat.worker_counters import LiveCounters, size_bucket
+
+
+def _state(model: str, pids: list[int]) -> ModelState:
+    workers = tuple(WorkerState({"pid": pid, "status": "READY"}, None) for pid in pids)
+    return ModelState(model=model, version="1", url=f"{model}.1", plan=None, workers=workers, other_versions=())
+
+
+@pytest.fixture
+def slot_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PACKRAT_SLOT_DIR", str(tmp_path / "slots"))
+    slots.secure_dir(slots.slot_root())
+    slots.secure_dir(slots.slot_root() / "workers")
+    return tmp_path / "slots"
+
+
+def test_sizes_are_summed_over_the_live_workers(slot_dir: Path) -> None:
+    one, two = LiveCounters(slots.worker_counters_path(101)), LiveCounters(slots.worker_counters_path(102))
+    one.add_sizes({"tokens": [6] * 50})
+    two.add_sizes({"tokens": [6] * 40 + [115] * 10})
+    st = _state("bert", [101, 102, 103])  # 103: still starting, no counter file yet
+    sizes = served_sizes(st)
+    assert sizes["tokens"].requests == 100 and sizes["pixels"].requests == 0
+    got = shape(sizes)
+    assert set(got) == {"tokens"}  # kinds with no request are left out
+    row = got["tokens"]
+    assert row["requests"] == 100 and row["mean"] == pytest.approx((90 * 6 + 10 * 115) / 100, abs=0.1)
+    assert 6 <= row["p50"] <= 7 and 6 <= row["p90"] <= 7  # 90 of the 100 are 6 tokens long
+    assert served_sizes(_state("plain", [103])) is None and shape(None) is None
+    assert shape(served_sizes(_state("idle", [104]))) is None
+    LiveCounters(slots.worker_counters_path(104))
+    assert shape(served_sizes(_state("idle", [104]))) == {}  # a worker, no traffic yet
+
+
+def test_status_and_metrics_say_the_input_shape(slot_dir: Path) -> None:
+    counters = LiveCounters(slots.worker_counters_path(201))
+    counters.add_sizes({"pixels": [640 * 480] * 3, "tokens": [3]})
+    traffic = TrafficShapes()
+    registry = CollectorRegistry()
+    registry.register(traffic)  # type: ignore[arg-type]
+    assert b"packrat_traffic_size{" not in generate_latest(registry)  # nothing read yet
+    st = _state("resnet", [201])
+    status = render_status(ModelStatus(state=st, observed=None, swap_in_progress=None, last_swaps=(),
+                                       adapt=None, traffic=traffic.update(st)))
+    pixels = status["traffic"]["pixels"]
+    assert pixels["requests"] == 3 and pixels["mean"] == 640 * 480
+    assert size_bucket(int(pixels["p50"])) == size_bucket(640 * 480)
+    text = generate_latest(registry).decode()
+    assert 'packrat_traffic_requests{kind="pixels",model="resnet"} 3.0' in text
+    assert f'packrat_traffic_size{{kind="pixels",model="resnet",stat="mean"}} {640 * 480}.0' in text
+    assert 'packrat_traffic_size{kind="tokens",model="resnet",stat="p50"} 3.0' in text
+    traffic.update_all([_state("other", [])])  # a tick that no longer lists resnet
+    assert "resnet" not in generate_latest(registry).decode()
+
+
+@pytest.mark.torchserve
+def test_a_controller_reports_what_a_real_worker_served(torchserve, tiny_store: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from serving_support import ControllerProcess, ensure_registered, predict, worker_pids
+
+    ensure_registered(torchserve, "minilm")
+    monkeypatch.setenv("PACKRAT_SLOT_DIR", str(torchserve.slot_dir))
+    st = _state("minilm", worker_pids(torchserve, "minilm"))
+    before = served_sizes(st)
+    texts = ["short text", "a somewhat longer text about the traffic a model actually serves, in tokens"]
+    for text in texts:
+        assert predict(torchserve, "minilm", text.encode()).status_code == 200
+    served = shape(served_sizes(st))
+    assert served["tokens"]["requests"] == before["tokens"].requests + len(texts)
+    ctl = ControllerProcess(torchserve, tiny_store, tmp_path / "state", ["--no-adapt", "--no-tune"],
+                            ready_path="/healthz")
+    try:
+        ctl.start()
+        status = ctl.get("/v1/models/minilm/status")
+        assert status.status_code == 200, status.text
+        assert status.json()["traffic"] == served  # what the workers counted, read by the controller
+        metrics = requests.get(f"{ctl.url}/metrics", timeout=60).text
+        count = float(served["tokens"]["requests"])
+        assert f'packrat_traffic_requests{{kind="tokens",model="minilm"}} {count}' in metrics
+        assert f'packrat_traffic_size{{kind="tokens",model="minilm",stat="p90"}} {served["tokens"]["p90"]}' in metrics
+    finally:
+        ctl.kill()
