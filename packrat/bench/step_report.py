@@ -1,0 +1,134 @@
+"""The step-load benchmark's outputs (scripts/bench_step_reaction.py): the trace saved first
+as docs/benchmarks/<stem>-trace.json, then <stem>.md and <stem>.png rendered from that file
+only (packrat.bench.step_reaction.analyse)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from packrat.bench.paths import RESULTS
+from packrat.bench.step_reaction import (
+    SCENARIOS, WINDOWS_S, analyse, archive_models, live_at, run, sleep_models,
+)
+
+_SCENARIO_TEXT = {
+    "one": "one model, closed-loop clients 1 → 8 → 1 → 8",
+    "two": "two models, 8 closed-loop clients moving from the first to the second and back",
+}
+
+
+def _f(x: object) -> str:
+    return "–" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.0f} %"
+
+
+def render_md(tr: dict, rows: list[dict], stem: str) -> str:
+    pol, est = tr["settings"]["policy"], tr["settings"]["estimator"]
+    m = tr["machine"]
+    models = ", ".join(f"`{x['name']}` ({'table-latency sleep model' if x['kind'] == 'sleep' else 'archive'})"
+                       for x in tr["models"])
+    lines = [
+        f"# Step load: {_SCENARIO_TEXT.get(tr.get('scenario', ''), tr.get('scenario', ''))}",
+        "",
+        f"Run {tr['created']} on {m['cores']} cores of a {m['cpu']} (load average {m['loadavg_start']:.1f} "
+        f"at the start, {m['loadavg_end']:.1f} at the end: the machine was shared). Command: "
+        f"`{tr['command']}`. Trace: `{stem}-trace.json`; this page and `{stem}.png` are rendered from it.",
+        "",
+        f"![step load]({stem}.png)",
+        "",
+        f"- Models: {models}; each phase {tr['phase_s']:g} s; each model starts on the plan for its first "
+        "phase's clients.",
+        f"- The controller as users run it: tick {tr['settings']['tick_s']:g} s, default policy "
+        f"(gain threshold {100 * pol['gain_threshold']:g} %, dwell {pol['min_dwell_s']:g} s at the threshold "
+        f"scaled by (threshold / gain)^{pol['dwell_power']:g}, at most {pol['max_swaps_per_window']} swaps in "
+        f"{pol['swap_window_s']:g} s, B held {pol['min_stable_s']:g} s; estimator window {est['window_s']:g} s).",
+        "- *right plan live*: seconds from the step until the plan the controller kept to the phase's end "
+        "started serving (swaps.jsonl: start + create + register + ready + set-default of the last swap "
+        "landing in the phase; 0 when none landed, – when a swap was still running or failed at the end).",
+        "- *first N s*: answered requests per second the clients counted in the first N s after the step, "
+        "as a share of the *settled* rate (the phase's last "
+        f"{_f(rows[0]['settled_over_s']) if rows else '–'} s); – where the phase is shorter than N.",
+        "",
+        "| model | phase | clients | swap decided [s] | right plan live [s] | plan at end (threads/cap) | "
+        "settled [req/s] | " + " | ".join(f"first {w} s" for w in WINDOWS_S) + " | swaps | requests | failed |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(WINDOWS_S) + "---|---|---|",
+    ]
+    for r in rows:
+        plan = " + ".join(f"{t}/{b}" for t, b in r["plan_at_end"]) if r["plan_at_end"] else "–"
+        failed_swaps = f" ({r['swaps_failed']} failed)" if r["swaps_failed"] else ""
+        firsts = " | ".join(f"{_f(r[f'first_{w}s_rps'])} ({_pct(r[f'first_{w}s_of_settled'])})"
+                            for w in WINDOWS_S)
+        lines.append(f"| {r['model']} | {r['phase']} | {r['clients']} | {_f(r['swap_decided_after_s'])} | "
+                     f"{_f(r['right_plan_live_after_s'])} | {plan} | {_f(r['settled_rps'])} | {firsts} | "
+                     f"{r['swaps']}{failed_swaps} | "
+                     f"{r['requests']} | {r['failed']} |")
+    lines += ["", "Phase 0 is the start (its plan applied before the load began), not a step.", ""]
+    return "\n".join(lines)
+
+
+def plot(tr: dict, path: Path) -> None:
+    """Per model: answered requests per second (1 s bins), the clients, swaps landing."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(tr["level_changes"])
+    t0 = min(ch[0][0] for ch in tr["level_changes"].values())
+    fig, axes = plt.subplots(len(names), 1, figsize=(10, 3.2 * len(names)), sharex=True, squeeze=False)
+    for ax, name in zip(axes[:, 0], names):
+        ends = sorted(e - t0 for _, e, st in tr["requests"][name] if st == 200)
+        n = int(ends[-1]) + 1 if ends else 0
+        bins = [0] * n
+        for e in ends:
+            if e >= 0:
+                bins[int(e)] += 1
+        ax.plot([i + 0.5 for i in range(n)], bins, color="tab:blue", lw=1, label="answered req/s (clients' count)")
+        ax.set_ylabel(f"{name}\nreq/s")
+        cl = ax.twinx()
+        ch = tr["level_changes"][name]
+        cl.step([t - t0 for t, _ in ch], [c for _, c in ch], where="post", color="0.5", lw=2, label="clients")
+        cl.set_ylabel("clients")
+        cl.set_ylim(0, 10)
+        for s in tr["swaps"]:
+            if s["model"] != name:
+                continue
+            x = live_at(s) - t0
+            ok = s["outcome"] == "applied"
+            ax.axvline(x, color="tab:green" if ok else "red", ls="--", lw=1)
+            ax.annotate(" + ".join(f"{i['threads']}t/b{i['batch']}" for i in s["plan"]["instances"]),
+                        (x, 0), xycoords=("data", "axes fraction"), fontsize=7, rotation=90,
+                        xytext=(2, 4), textcoords="offset points")
+        ax.legend(loc="upper left", fontsize=8)
+    axes[-1, 0].set_xlabel("time since the load started [s] (dashed: a swap's new plan serving)")
+    fig.suptitle(f"Step load through the Packrat controller ({tr['machine']['cores']} cores, {tr['machine']['cpu']})",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def trace_and_render(stem: str, scenario: str, phase_s: float, settled_s: float, from_trace: bool,
+                     model_dirs: list[Path], profiles: list[Path], bodies: list[bytes],
+                     command: str = "", out_dir: Path = RESULTS) -> list[dict]:
+    """Run (unless from_trace) and save <out_dir>/<stem>-trace.json, then render <stem>.md
+    and <stem>.png from that file only; returns the rows."""
+    trace = out_dir / f"{stem}-trace.json"
+    if not from_trace:
+        levels = SCENARIOS[scenario]
+        models = (archive_models(model_dirs, profiles, bodies) if model_dirs
+                  else sleep_models(len(levels)))
+        if len(models) != len(levels):
+            raise ValueError(f"scenario {scenario!r} takes {len(levels)} model(s), got {len(models)}")
+        tr = run(models, levels, phase_s, command=command)
+        tr["scenario"] = scenario
+        trace.write_text(json.dumps(tr, separators=(",", ":")) + "\n")
+    tr = json.loads(trace.read_text())
+    rows = analyse(tr, settled_s)
+    plot(tr, out_dir / f"{stem}.png")
+    (out_dir / f"{stem}.md").write_text(render_md(tr, rows, stem))
+    return rows
