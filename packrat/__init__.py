@@ -1,6 +1,7 @@
 """Packrat for TorchServe: profile -> plan -> apply -> observe, and the controller that loops.
 
-    packrat.types     frozen values that cross stages (Profile, Plan, SwapRecord, TickContext, Policy)
+    packrat.types     frozen values that cross stages (Profile, Plan, SwapRecord, TickContext, Policy,
+                      Estimate, Decision, TuneRecord)
     packrat.errors    the exception tree
     packrat.slots     the worker side: pin a process to its slot (TorchServe's worker, the profiler's)
     packrat.profile   1. isolated timing runs, profile files
