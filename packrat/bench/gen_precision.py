@@ -1,7 +1,7 @@
 """GPT-2 greedy generation in process, by precision: fp32, bf16 autocast, bf16 weights (bf16w).
 
     python -m packrat.bench.gen_precision --store /tmp/gen-store --out docs/benchmarks/X.jsonl \
-        [--arch tiny-gpt2 --arch gpt2] [--rounds 3] [--batch 8] [--new-tokens 20] [--min-s 1]
+        [--arch tiny-gpt2 --arch gpt2] [--rounds 3] [--batch 8] [--new-tokens 20] [--min-s 1] [--threads N]
     python -m packrat.bench.gen_precision --render docs/benchmarks/X.jsonl
 
 Each architecture's archive is built once (seeded weights) and each mode loaded through the
@@ -84,28 +84,38 @@ def bench_arch(arch: str, store: Path, args: argparse.Namespace, results: Result
                         new_tokens=args.new_tokens, **time_round(call, args.min_s))
 
 
+def speedup(calls: list[dict], mode: str, key: str) -> float:
+    """Median over rounds of fp32's `key` / `mode`'s in the same round: interleaving puts
+    both under the same load, so the ratio holds where the times themselves move."""
+    by_round = {r["round"]: r[key] for r in calls if r["mode"] == "fp32-eager"}
+    return statistics.median(by_round[r["round"]] / r[key] for r in calls
+                             if r["mode"] == mode and r["round"] in by_round)
+
+
 def render(path: Path) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     run = rows[-1]["run"]
     rows = [r for r in rows if r["run"] == run]
     machine = next(r for r in rows if r["kind"] == "machine")
+    threads = sorted({r["threads"] for r in rows if "threads" in r})
     out = [f"Run {run}: {machine['cpu']} ({', '.join(machine['flags'])}), {machine['cores']} cores, "
-           f"torch {machine['torch']}, transformers {machine['transformers']}", "",
+           f"torch threads {', '.join(map(str, threads)) or '?'}, torch {machine['torch']}, "
+           f"transformers {machine['transformers']}", f"Command: {machine.get('command', '?')}", "",
            "| model | mode | guard | wall ms per call, each round | CPU ms per call, each round "
-           "| tokens/s (median) | vs fp32 (median wall) | load avg (1 min) |", "|---|---|---|---|---|---|---|---|"]
+           "| tokens/s (median) | fp32 / mode, wall | fp32 / mode, CPU | load avg (1 min) |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for arch in dict.fromkeys(r["arch"] for r in rows if "arch" in r):
         calls = [r for r in rows if r.get("arch") == arch and r["kind"] == "call"]
-        fp32 = statistics.median(r["wall_ms"] for r in calls if r["mode"] == "fp32-eager") if calls else None
         for m in (r for r in rows if r.get("arch") == arch and r["kind"] == "mode"):
             mine = [r for r in calls if r["mode"] == m["mode"]]
             if not mine:
-                out.append(f"| {arch} | {m['mode']} | {m.get('error') or m.get('guard')} | | | | | |")
+                out.append(f"| {arch} | {m['mode']} | {m.get('error') or m.get('guard')} | | | | | | |")
                 continue
-            wall = statistics.median(r["wall_ms"] for r in mine)
             guard = "passed" if "passed" in (m.get("guard") or "") else (m.get("guard") or "reference")
             out.append(f"| {arch} | {m['mode']} | {guard} | {', '.join(str(r['wall_ms']) for r in mine)} "
                        f"| {', '.join(str(r['cpu_ms']) for r in mine)} "
-                       f"| {statistics.median(r['tokens_per_s'] for r in mine)} | {fp32 / wall:.2f}x "
+                       f"| {statistics.median(r['tokens_per_s'] for r in mine)} "
+                       f"| {speedup(calls, m['mode'], 'wall_ms'):.2f}x | {speedup(calls, m['mode'], 'cpu_ms'):.2f}x "
                        f"| {', '.join(str(r['load_avg_1m']) for r in mine)} |")
     return "\n".join(out)
 
@@ -119,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=20)
     parser.add_argument("--min-s", type=float, default=1.0, help="seconds of calls per mode and round")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch's intra-op threads, as a worker's slot sets them (default: torch's)")
     parser.add_argument("--render", type=Path, default=None, help="print a results file's last run")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
@@ -128,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     import transformers
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results = Results(args.out)
     run = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     results.add(run=run, kind="machine", **describe_machine().as_dict(), torch=torch.__version__,
