@@ -143,7 +143,13 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / name
     if not path.exists():
         return {}
-    return yaml.safe_load(path.read_text()) or {}
+    try:
+        config = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:  # a broken file names itself (issue 31), never a crash
+        raise ConfigError(f"{path}: broken model config ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: broken model config (a {type(config).__name__}, not a mapping)")
+    return config
 
 
 def next_version(model_store: Path, model: str) -> str:
