@@ -254,8 +254,12 @@ class Task:
         """One response per valid row, in batch.valid order."""
         raise NotImplementedError
 
-    def sample_requests(self, n: int) -> list[dict]:
-        """n realistic TorchServe-style request items, e.g. [{"body": b"..."}]."""
+    def sample_requests(self, n: int, sizes: dict[str, int] | None = None) -> list[dict]:
+        """n realistic TorchServe-style request items, e.g. [{"body": b"..."}].
+
+        `sizes`: the size to make them, per kind (served_sizes' kinds: a representative
+        size of the traffic, e.g. from the workers' histograms); a kind the task does not
+        serve is ignored, and without one the task makes its own sample size."""
         raise NotImplementedError
 
     def served_sizes(self, batch: Batch, responses: list[Any]) -> dict[str, list[int]]:

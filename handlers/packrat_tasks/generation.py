@@ -13,6 +13,7 @@ where generate() on that row alone would have stopped.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -27,6 +28,7 @@ from packrat_tasks.base import (
 from packrat_tasks.precision import PrecisionError, bf16_weights_info, precision_name, prepare_torch
 from packrat_tasks.quantize_static import generation_refusal
 from packrat_tasks.runner import Runner, memory_mb, mode_name, runtime_name
+from packrat_tasks.samples import sample_text
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +123,15 @@ class TextGenerationTask(Task):
         return {"tokens": [len(batch.items[i][0]) for i in batch.valid],
                 "generated": [len(responses[i]["token_ids"]) for i in batch.valid]}
 
-    def sample_requests(self, n: int) -> list[dict]:
-        return [{"body": SAMPLE_PROMPT.encode("utf-8")} for _ in range(n)]
+    def sample_requests(self, n: int, sizes: dict[str, int] | None = None) -> list[dict]:
+        if not sizes or not {"tokens", "generated"} & set(sizes):
+            return [{"body": SAMPLE_PROMPT.encode("utf-8")} for _ in range(n)]
+        prompt = SAMPLE_PROMPT
+        if "tokens" in sizes:  # a prompt of that many tokens (at least 1, at most max_length)
+            prompt = sample_text(self.tokenizer, max(1, min(self.max_length, int(sizes["tokens"]))))
+        new = max(1, min(self.cap, int(sizes.get("generated", self.default_new))))
+        body = json.dumps({"text": prompt, "max_new_tokens": new}).encode("utf-8")
+        return [{"body": body, "content_type": "application/json"} for _ in range(n)]
 
 
 def build_generation(task: TextGenerationTask, config: dict[str, Any]) -> Runner:

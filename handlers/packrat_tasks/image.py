@@ -274,6 +274,12 @@ class ImageClassificationTask(Task):
     def served_sizes(self, batch: Batch, responses: list[Any]) -> dict[str, list[int]]:
         return {"pixels": [batch.items[i][2] for i in batch.valid]}
 
-    def sample_requests(self, n: int) -> list[dict]:
-        image = sample_jpeg()
+    def sample_requests(self, n: int, sizes: dict[str, int] | None = None) -> list[dict]:
+        pixels = (sizes or {}).get("pixels")
+        if pixels:  # a 4:3 photo of about that many pixels, within the limits (the resize makes 224x224)
+            pixels = max(1, min(int(pixels), self.max_pixels, self.max_decoded))
+            width = round((pixels * 4 / 3) ** 0.5)
+            image = sample_jpeg(width, max(1, pixels // width))
+        else:
+            image = sample_jpeg()
         return [{"body": image} for _ in range(n)]

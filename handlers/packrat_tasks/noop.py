@@ -23,5 +23,5 @@ class NoopTask(Task):
     def respond(self, batch: Batch) -> list[Any]:
         return [batch.items[i] if batch.items[i] is not None else b"" for i in batch.valid]
 
-    def sample_requests(self, n: int) -> list[dict]:
+    def sample_requests(self, n: int, sizes: dict[str, int] | None = None) -> list[dict]:
         return [{"body": b"ping"} for _ in range(n)]

@@ -111,8 +111,10 @@ class _TextTask(Task):
     def served_sizes(self, batch: Batch, responses: list[Any]) -> dict[str, list[int]]:
         return {"tokens": [len(batch.items[i]) for i in batch.valid]}  # special tokens included
 
-    def sample_requests(self, n: int) -> list[dict]:
-        text = sample_text(self.tokenizer, self.max_length)
+    def sample_requests(self, n: int, sizes: dict[str, int] | None = None) -> list[dict]:
+        # [CLS] word [SEP] at least; max_length at most (and by default: the longest input served)
+        tokens = max(3, min(self.max_length, int((sizes or {}).get("tokens", self.max_length))))
+        text = sample_text(self.tokenizer, tokens)
         return [{"body": text.encode("utf-8")} for _ in range(n)]
 
 

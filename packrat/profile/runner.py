@@ -82,6 +82,10 @@ class ProfileSettings:
     # the same budget (corun_share of it) and the same stop rule per point.
     corun: bool = True
     corun_share: float = 0.3
+    # The request size per kind to time ((kind, size) pairs: packrat.worker_counters.SIZE_KINDS),
+    # e.g. the traffic's own (packrat.profile.shape); (): the task's sample. Kept in the profile's
+    # settings: the input shape its figures are for.
+    sizes: tuple[tuple[str, int], ...] = ()
 
     def validate(self, usable: int) -> None:
         if self.cores < 1:
@@ -315,6 +319,7 @@ class _Run:
             "scope": self.settings.scope,
             "rule": self.rule,
             "budget_s": budget,
+            "sizes": dict(self.settings.sizes),
         }
         run_worker(job, on_worker_event, self.log)
 
@@ -348,7 +353,7 @@ class _Run:
             budget = max(0.0, remaining) * weights[0] / sum(weights)
         base_job = {"archive_dir": str(self.archive.directory), "config": self.archive.config, "threads": t,
                     "batches": worker_batches(self.batches, self.settings.plan_batch, t, self.settings.cores),
-                    "scope": self.settings.scope, "rule": self.rule}
+                    "scope": self.settings.scope, "rule": self.rule, "sizes": dict(self.settings.sizes)}
 
         def on_corun(b: int, point: ProfilePoint | None, reason: str | None) -> None:
             self.corun_pending.discard((i, t, b))

@@ -81,7 +81,7 @@ def run_job(job: dict[str, Any], report: _Reporter) -> None:
                        reason=f"total budget exhausted (needs ~{need_s:.1f} s, {max(0.0, deadline - now):.1f} s left)")
                 continue
         report("start", batch=batch)
-        point = _time_batch(task, batch, job["scope"], rule, deadline, threads)
+        point = _time_batch(task, batch, job["scope"], rule, deadline, threads, job.get("sizes"))
         if point is None:
             report("omitted", threads=threads, batch=batch, reason="total budget exhausted during warm-up")
             continue
@@ -121,12 +121,24 @@ def _load_task(job: dict[str, Any], report: _Reporter, issued: float, torch_vers
     return task
 
 
+def _sample_requests(task: Any, batch: int, sizes: dict[str, int] | None) -> tuple[list[dict], dict | None]:
+    """`batch` requests at `sizes`, and the sizes they were made at (None: the task's sample)."""
+    if sizes:
+        try:
+            return task.sample_requests(batch, sizes), sizes
+        except TypeError:  # an archive built before request sizes: its task takes n alone
+            pass
+    return task.sample_requests(batch), None
+
+
 def _time_batch(task: Any, batch: int, scope: str, rule: Any, deadline: float | None,
-                threads: int) -> dict[str, Any] | None:
-    """One point's statistics and meta ("point" event fields), None if the budget ran out in warm-up."""
+                threads: int, sizes: dict[str, int] | None = None) -> dict[str, Any] | None:
+    """One point's statistics and meta ("point" event fields), None if the budget ran out in warm-up.
+    `sizes`: the request size per kind to time (the traffic's, ProfileSettings.sizes); none:
+    the task's own sample."""
     from packrat.profile.stats import measure
 
-    requests = task.sample_requests(batch)
+    requests, sizes = _sample_requests(task, batch, sizes)
     if scope == "model":
         inputs = task.preprocess(requests)
 
@@ -162,6 +174,7 @@ def _time_batch(task: Any, batch: int, scope: str, rule: Any, deadline: float | 
             "warmup_calls": stats.warmup_calls,
             "elapsed_s": round(stats.elapsed_s, 3),
             "pid": os.getpid(),
+            "sizes": sizes,  # the request sizes timed (None: the task's own sample)
             "cpu_share": round(cpu_share, 3),
             "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         },

@@ -1,0 +1,50 @@
+"""The input shape to profile for: representative request sizes of the traffic served.
+
+A profile times one request size per kind (ProfileSettings.sizes; none: the task's
+own sample, e.g. a text of max_length tokens). The workers' size histograms
+(packrat.worker_counters, summed per model by packrat.control.traffic) say what the
+traffic really sends. A batch is padded to its longest text and generates until its
+longest answer ends, so what a batch of B costs follows the largest of B sizes: its
+median is the quantile 0.5 ** (1 / B) of the sizes (B = 1: the median). An image is
+decoded on its own, so its median stands for pixels at any B.
+
+Until a kind has min_requests, it is left out and the profile uses the task's sample.
+A distribution whose representative size moved by more than a factor `threshold`
+from the one a profile was made for has shifted (shifted()): the profile no longer
+describes the traffic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from packrat.worker_counters import SizeHistogram
+
+MIN_REQUESTS = 20  # fewer requests of a kind than this: not yet a distribution
+PADDED_KINDS = ("tokens", "generated")  # a batch costs what its largest request does
+SHIFT_FACTOR = 1.5  # a representative size this many times larger or smaller: shifted
+
+
+def representative_sizes(histograms: Mapping[str, SizeHistogram], batch: int = 1,
+                         min_requests: int = MIN_REQUESTS) -> tuple[tuple[str, int], ...]:
+    """(kind, size) to profile a load batch of `batch` with, for each kind with traffic."""
+    out = []
+    for kind, hist in sorted(histograms.items()):
+        if hist.requests < min_requests:
+            continue
+        q = 0.5 ** (1 / max(1, batch)) if kind in PADDED_KINDS else 0.5
+        size = hist.quantile(q)
+        if size is not None:
+            out.append((kind, max(1, round(size))))
+    return tuple(out)
+
+
+def shifted(profiled: Mapping[str, int], now: Mapping[str, int], factor: float = SHIFT_FACTOR) -> list[str]:
+    """The kinds whose representative size moved by more than `factor` either way since
+    `profiled` (a kind profiled with the task's sample, now with traffic, counts too)."""
+    out = []
+    for kind, size in sorted(now.items()):
+        before = profiled.get(kind)
+        if before is None or max(size, before) > factor * max(1, min(size, before)):
+            out.append(kind)
+    return out
