@@ -4,12 +4,18 @@ A Packrat version that is loaded but not the default is retired
 (Swapper.retire: drained, scaled to 0, queue confirmed empty, unregistered),
 version directories no version was registered from are deleted, and what is
 live and Packrat's becomes the plan to keep live (last-plans.json).
+
+One model's broken files (a version's model_config.yaml that does not parse,
+say) are logged and that model is left as it is: the controller starts and
+serves the others (an exit here is a crash loop under Kubernetes). Its status
+names the broken file (packrat.api.requests.model_reading).
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from packrat.apply import versions
 from packrat.apply.client import ManagementClient, ModelDescription
@@ -52,19 +58,30 @@ def attach(client: ManagementClient, swapper: Swapper, model_store: Path, files:
     last = files.last_plans()
     for m in client.list_models():
         name = m["modelName"]
-        default_version, default_url = swapper.current(name)
-        done, registered_urls = _retire_leftovers(swapper, model_store, name, default_version,
-                                                  client.describe_versions(name))
-        cleaned += done
-        # Version dirs of this model that nothing is registered from: a swap died before register.
-        for path in model_store.glob(f"{name}.p*"):
-            if path.name not in registered_urls and _packrat_version(path):
-                versions.remove_version(path)
-                cleaned.append(str(path.name))
-        # What is live and Packrat's is the plan to keep live (a newer controller's view wins).
-        live = model_store / default_url
-        vdir = versions.load_version(live) if (live / versions.MANIFEST).exists() else None
-        if vdir is not None:
-            last[name] = {"version": default_version, "url": default_url, "plan": vdir.plan.to_dict()}
+        try:
+            cleaned += _attach_model(client, swapper, model_store, name, last)
+        except Exception as exc:  # whatever one model's files hold, the others are served
+            log.error("%s: left as it is at attach, its files are broken: %s", name, exc)
     files.save_last_plans(last)
+    return cleaned
+
+
+def _attach_model(client: ManagementClient, swapper: Swapper, model_store: Path, name: str,
+                  last: dict[str, dict[str, Any]]) -> list[str]:
+    """Finish `name`'s half-done swap and note its live plan in `last`; returns what was cleaned up."""
+    cleaned: list[str] = []
+    default_version, default_url = swapper.current(name)
+    done, registered_urls = _retire_leftovers(swapper, model_store, name, default_version,
+                                              client.describe_versions(name))
+    cleaned += done
+    # Version dirs of this model that nothing is registered from: a swap died before register.
+    for path in model_store.glob(f"{name}.p*"):
+        if path.name not in registered_urls and _packrat_version(path):
+            versions.remove_version(path)
+            cleaned.append(str(path.name))
+    # What is live and Packrat's is the plan to keep live (a newer controller's view wins).
+    live = model_store / default_url
+    vdir = versions.load_version(live) if (live / versions.MANIFEST).exists() else None
+    if vdir is not None:
+        last[name] = {"version": default_version, "url": default_url, "plan": vdir.plan.to_dict()}
     return cleaned
