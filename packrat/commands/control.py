@@ -174,7 +174,11 @@ def _attach(controller: Controller) -> None:
     for c in cleaned:
         typer.echo(f"cleaned up after an interrupted swap: {c}", err=True)
     for m in controller.models():
-        st = controller.model_state(m)
+        try:
+            st = controller.model_state(m)
+        except PackratError as exc:  # one model's broken files: say so, serve the others (issue 31)
+            typer.echo(f"{m}: broken, left as it is: {exc}", err=True)
+            continue
         shape = (
             " + ".join(f"{i.threads}t/b{i.batch}" for i in st.plan.instances) if st.plan else "not a Packrat plan"
         )
