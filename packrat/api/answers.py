@@ -37,8 +37,10 @@ class Health(BaseModel):
     swap_running: bool
 
 
-def render_model(model: str, st: ModelState) -> dict[str, Any]:
-    """One row of GET /v1/models."""
+def render_model(model: str, st: ModelState | str) -> dict[str, Any]:
+    """One row of GET /v1/models; `st` a str: why the model cannot be read (its files are broken)."""
+    if isinstance(st, str):
+        return {"model": model, "version": None, "plan": None, "broken": st}
     return {"model": model, "version": st.version, "plan": st.plan.to_dict() if st.plan else None}
 
 

@@ -2,6 +2,10 @@
 
 `Authorization: Bearer <management key from key_file.json>`, compared with the
 key file as it is now, so a key TorchServe regenerates is honoured at once.
+A key past its expiration time is refused (401 saying how to get a fresh one),
+as TorchServe refuses it: the controller's own client mints a new one before
+the old one expires (packrat.apply.client), so the file holds an expired key
+only while TorchServe cannot rotate it (its token API down or refusing).
 
 Guards, in this order, before any route runs: the token is checked by an ASGI
 middleware (TokenGate) before the body is read (an unauthenticated caller
@@ -31,23 +35,28 @@ OPEN_PATHS = frozenset({"/metrics", "/openapi.json", "/healthz", *WEB_PATHS})
 UNAUTHORISED = ("missing or wrong token: send Authorization: Bearer <management key from "
                 "TorchServe's key_file.json>")
 NO_KEY_FILE = "cannot read TorchServe's key file"
+EXPIRED = ("the management key expired at {at} and TorchServe has not rotated it: restart TorchServe, or mint "
+           "a new one (POST <management url>/token?type=management with the API key from key_file.json), then "
+           "send the new one (`packrat torchserve keys management` prints it)")
 
 
-def token_status(controller: Controller, authorization: str | None) -> int:
-    """200 if `authorization` is "Bearer <TorchServe's management key as key_file.json holds it now>",
-    401 if not, 503 if the key file cannot be read."""
+def token_status(controller: Controller, authorization: str | None) -> tuple[int, str]:
+    """(200, "") if `authorization` is "Bearer <TorchServe's management key as key_file.json holds it
+    now>" and that key has not expired, (401, why) if not, (503, why) if the key file cannot be read."""
     try:
-        expected = controller.management_key()
+        keys = controller.client.keys()
     except TorchServeError:
-        return 503
+        return 503, NO_KEY_FILE
     scheme, _, token = (authorization or "").partition(" ")
     if (
-        expected is None
+        keys is None
         or scheme.lower() != "bearer"
-        or not hmac.compare_digest(token.strip().encode(), expected.encode())
+        or not hmac.compare_digest(token.strip().encode(), keys.management.key.encode())
     ):
-        return 401
-    return 200
+        return 401, UNAUTHORISED
+    if keys.management.expired():  # said only to a caller who holds the key
+        return 401, EXPIRED.format(at=keys.management.expires)
+    return 200, ""
 
 
 class TokenGate:
@@ -63,11 +72,10 @@ class TokenGate:
             return
         header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
         # The key file is read (when it changed) off the event loop.
-        code = await run_in_threadpool(token_status, self.controller, header)
+        code, detail = await run_in_threadpool(token_status, self.controller, header)
         if code == 200:
             await self.app(scope, receive, send)
             return
-        detail = UNAUTHORISED if code == 401 else NO_KEY_FILE
         headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
         # The body is never read.
         await JSONResponse({"detail": detail}, status_code=code, headers=headers)(scope, receive, send)
@@ -82,10 +90,10 @@ def token_dependency(controller: Controller) -> Callable[..., None]:
     bearer = HTTPBearer(auto_error=False, description="TorchServe's management key (key_file.json)")
 
     def require_token(request: Request, _: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        code = token_status(controller, request.headers.get("authorization"))
+        code, detail = token_status(controller, request.headers.get("authorization"))
         if code == 503:
-            raise HTTPException(503, NO_KEY_FILE)
+            raise HTTPException(503, detail)
         if code != 200:
-            raise HTTPException(401, UNAUTHORISED, headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(401, detail, headers={"WWW-Authenticate": "Bearer"})
 
     return require_token

@@ -8,35 +8,54 @@ each route only parses, calls the controller and renders.
 
 from __future__ import annotations
 
-from fastapi import HTTPException
+from typing import Annotated
+
+from fastapi import HTTPException, Query
 from pydantic import BaseModel, Field
 
 from packrat import settings
 from packrat.jobs import Job
 from packrat.control import Controller, ModelState
+from packrat.errors import ConfigError
 from packrat.types import Plan, Policy
 
 # The largest request body accepted: an explicit plan of a few hundred instances
 # is a few kB; anything near this is not a request to this API.
 MAX_BODY_BYTES = 64 * 1024
 
+# Bounds on what an authenticated caller may ask for (issue 31): a value past one is
+# answered 422 naming it, before anything is planned, queued or applied.
+# The largest batch (a worker's batch cap, a load to plan for, a profiled batch):
+# TorchServe would take 100000000 as batchSize and hold requests for it.
+MAX_BATCH = 1024
+# Cores, threads and instances: a static ceiling for the spec; the usable cores of
+# this controller are the real bound (requested_plan, Planner.plan_for, ProfileSettings).
+MAX_CORES = 1024
+# A profile holds the shared profiling queue (profiles and tunes take turns) this long at most.
+MAX_PROFILE_BUDGET_S = 3600.0
+# `last` of the history reads (swaps, decisions, jobs).
+MAX_LAST = 1000
+Last = Annotated[int, Query(ge=1, le=MAX_LAST, description=f"how many, newest last (1..{MAX_LAST})")]
+
 
 class InstanceIn(BaseModel):
-    threads: int = Field(ge=1, description="intra-op threads = cores of this worker")
-    batch: int = Field(ge=1, description="batch cap; every instance of one plan must share it")
+    threads: int = Field(ge=1, le=MAX_CORES, description="intra-op threads = cores of this worker "
+                                                          "(all instances together: at most the usable cores)")
+    batch: int = Field(ge=1, le=MAX_BATCH, description="batch cap; every instance of one plan must share it")
 
 
 class PlanRequest(BaseModel):
-    batch: int = Field(ge=1, description="load batch B (concurrent requests) to plan for")
-    cores: int | None = Field(default=None, ge=1, description="cores to plan on [default: all usable]")
+    batch: int = Field(ge=1, le=MAX_BATCH, description="load batch B (concurrent requests) to plan for")
+    cores: int | None = Field(default=None, ge=1, le=MAX_CORES,
+                              description="cores to plan on, at most the usable ones [default: all usable]")
 
 
 class ApplyRequest(BaseModel):
     """Either `batch` (a plan is computed from the model's profile) or explicit `instances`;
     optionally the execution `mode` to run them in. An apply pins the model unless `pin` is false."""
 
-    batch: int | None = Field(default=None, ge=1)
-    instances: list[InstanceIn] | None = Field(default=None, min_length=1)
+    batch: int | None = Field(default=None, ge=1, le=MAX_BATCH)
+    instances: list[InstanceIn] | None = Field(default=None, min_length=1, max_length=MAX_CORES)
     mode: str | None = Field(
         default=None, min_length=3, max_length=64,
         description="execution mode <precision>-<runtime>, e.g. fp32-eager [default: the live mode]; "
@@ -53,9 +72,12 @@ class PinRequest(BaseModel):
 
 
 class ProfileRequest(BaseModel):
-    max_batch: int = Field(default=8, ge=1, le=1024)
-    budget_s: float | None = Field(default=120.0, gt=0, description="whole profiling run [s]")
-    cores: int | None = Field(default=None, ge=1)
+    max_batch: int = Field(default=8, ge=1, le=MAX_BATCH)
+    # Required positive and bounded: null or no bound would hold the shared profiling queue.
+    budget_s: float = Field(default=120.0, gt=0, le=MAX_PROFILE_BUDGET_S,
+                            description=f"whole profiling run [s], at most {MAX_PROFILE_BUDGET_S:.0f}")
+    cores: int | None = Field(default=None, ge=1, le=MAX_CORES,
+                              description="cores to profile on, at most the usable ones [default: all usable]")
 
 
 def _default(name: str) -> str:
@@ -66,7 +88,7 @@ def _default(name: str) -> str:
 class TuneRequest(BaseModel):
     """Every field optional; no body at all means the defaults."""
 
-    modes: list[str] | None = Field(
+    modes: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
         default=None, max_length=32,
         description="modes to try besides the archive's own, e.g. ['bf16-openvino']; ['all'] = every "
                     "supported mode [default: a short list per task, docs/tuning.md]")
@@ -74,11 +96,11 @@ class TuneRequest(BaseModel):
         default=None, gt=0, le=24 * 3600,
         description=f"the whole tune of this model [s] (default {_default('tune_budget_s')})")
     batch: int | None = Field(
-        default=None, ge=1, le=1024,
+        default=None, ge=1, le=MAX_BATCH,
         description=f"load batch B to choose for [default: observed, else {_default('tune_batch')}]")
     fresh: bool = Field(default=False, description="re-profile modes whose profile is still valid")
     max_batch: int | None = Field(
-        default=None, ge=1, le=1024,
+        default=None, ge=1, le=MAX_BATCH,
         description=f"largest profiled batch [default: max(batch, {_default('tune_max_batch')})]")
     point_budget_s: float | None = Field(
         default=None, gt=0, le=600,
@@ -112,10 +134,22 @@ def replan_loop(controller: Controller, model: str) -> Policy:
     return controller.policy
 
 
+def reading_or_broken(controller: Controller, model: str) -> ModelState | str:
+    """One reading of `model`, or why it cannot be read: its live version's files are
+    broken (a model_config.yaml that does not parse). The other models are served."""
+    try:
+        return controller.model_state(model)
+    except ConfigError as exc:
+        return f"model {model!r} is broken: {exc}; fix that file, or register the model again"
+
+
 def model_reading(controller: Controller, model: str) -> ModelState:
-    """The request's one reading of a known `model` (404 naming the registered ones if not):
-    passed on to whatever the route calls, never read again."""
-    return controller.model_state(known_model(controller, model))
+    """The request's one reading of a known `model` (404 naming the registered ones if not,
+    409 saying why if its files are broken): passed on to whatever the route calls, never read again."""
+    st = reading_or_broken(controller, known_model(controller, model))
+    if isinstance(st, str):
+        raise HTTPException(409, st)
+    return st
 
 
 def requested_plan(controller: Controller, st: ModelState, req: ApplyRequest) -> Plan:
@@ -125,6 +159,10 @@ def requested_plan(controller: Controller, st: ModelState, req: ApplyRequest) ->
         raise HTTPException(422, "give exactly one of `batch` (computed plan) or `instances` (explicit plan)")
     mode = req.mode.strip().lower() if req.mode is not None else None
     if req.instances is not None:
+        threads = sum(i.threads for i in req.instances)
+        if threads > len(controller.cores):  # also bounds the instances: each has a thread
+            raise HTTPException(422, f"the instances need {threads} threads; this controller has "
+                                     f"{len(controller.cores)} usable cores (threads <= usable cores)")
         return controller.explicit_plan(st.model, [(i.threads, i.batch) for i in req.instances], st=st, mode=mode)
     assert req.batch is not None
     return controller.plan_for(st.model, req.batch, st=st, mode=mode)

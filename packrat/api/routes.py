@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import Depends, FastAPI, Query
+from fastapi import Depends, FastAPI
 from fastapi.params import Depends as DependsParam
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
@@ -60,6 +60,7 @@ from packrat.api.requests import (
     MAX_BODY_BYTES,
     AdaptRequest,
     ApplyRequest,
+    Last,
     PinRequest,
     PlanRequest,
     ProfileRequest,
@@ -67,6 +68,7 @@ from packrat.api.requests import (
     known_job,
     known_model,
     model_reading,
+    reading_or_broken,
     replan_loop,
     requested_plan,
 )
@@ -108,7 +110,7 @@ def _model_routes(app: FastAPI, controller: Controller, auth: Auth) -> None:
 
     @app.get("/v1/models", dependencies=auth, summary="Models and their live versions")
     def list_models() -> list[dict[str, Any]]:
-        return [render_model(m, controller.model_state(m)) for m in controller.models()]
+        return [render_model(m, reading_or_broken(controller, m)) for m in controller.models()]
 
     # Each route reads the model once (model_reading) and passes that reading on.
     @app.get("/v1/models/{model}/status", dependencies=auth, summary="Live version, plan, latency and pin")
@@ -161,7 +163,7 @@ def _job_routes(app: FastAPI, controller: Controller, auth: Auth) -> None:
     """Background jobs, the swap history and the cores: across models."""
 
     @app.get("/v1/jobs", dependencies=auth, summary="Recent background jobs (profile, tune), oldest first")
-    def list_jobs(model: str | None = None, last: int = Query(default=20, ge=1, le=1000)) -> list[jobs.Job]:
+    def list_jobs(model: str | None = None, last: Last = 20) -> list[jobs.Job]:
         return controller.jobs.recent(model, last)
 
     @app.get("/v1/jobs/{job_id}", dependencies=auth, summary="Poll a background job")
@@ -173,7 +175,7 @@ def _job_routes(app: FastAPI, controller: Controller, auth: Auth) -> None:
         return controller.cores_status()
 
     @app.get("/v1/swaps", dependencies=auth, summary="Swap history, newest last")
-    def swaps(last: int = 50) -> list[dict[str, Any]]:
+    def swaps(last: Last = 50) -> list[dict[str, Any]]:
         return controller.history(None, last=last)
 
 
@@ -181,7 +183,7 @@ def _adapt_routes(app: FastAPI, controller: Controller, auth: Auth) -> None:
     """The re-plan loop, per model."""
 
     @app.get("/v1/models/{model}/adapt", dependencies=auth, summary="Re-plan loop state and decisions")
-    def get_adapt(model: str, last: int = 20) -> dict[str, Any]:
+    def get_adapt(model: str, last: Last = 20) -> dict[str, Any]:
         loop = replan_loop(controller, model)
         return render_adapt(model, loop.is_enabled(model), loop.decisions(model, last))
 

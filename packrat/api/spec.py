@@ -12,16 +12,19 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from packrat.api.requests import MAX_BODY_BYTES
+from packrat.api.requests import MAX_BATCH, MAX_BODY_BYTES, MAX_LAST, MAX_PROFILE_BUDGET_S
 
 ERROR_DESCRIPTIONS = {
     400: "the request body cannot be decoded (not UTF-8 JSON text)",
     401: "missing or wrong token",
     404: "unknown model, job or profile",
-    409: "busy (a swap, or a job of this kind, is running), the re-plan loop is not running, or the model "
-         "is pinned by an operator (unpin it first)",
+    409: "busy (a swap, or a job of this kind, is running), the re-plan loop is not running, the model "
+         "is pinned by an operator (unpin it first), or its live version's files are broken (the detail "
+         "names the file)",
     413: f"request body over {MAX_BODY_BYTES} bytes",
-    422: "malformed request or plan, or a mode refused (not run here, or failed its accuracy guard)",
+    422: f"malformed request or plan, a value past its bound (the detail names the limit: batch <= {MAX_BATCH}, "
+         f"threads <= the usable cores, profile budget_s <= {MAX_PROFILE_BUDGET_S:.0f}, last <= {MAX_LAST}), "
+         "or a mode refused (not run here, or failed its accuracy guard)",
     500: "the swap failed and was rolled back (its record is in the body)",
     502: "TorchServe answered with an error, or did not answer",
     503: "TorchServe's key file cannot be read",
@@ -30,8 +33,8 @@ ERROR_DESCRIPTIONS = {
 # wherever a route takes one (UNPROCESSABLE below).
 ERROR_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/v1/models"): (502,),
-    ("GET", "/v1/models/{model}/status"): (404, 502),
-    ("POST", "/v1/models/{model}/plan"): (400, 404, 413, 502),
+    ("GET", "/v1/models/{model}/status"): (404, 409, 502),
+    ("POST", "/v1/models/{model}/plan"): (400, 404, 409, 413, 502),
     ("POST", "/v1/models/{model}/apply"): (400, 404, 409, 413, 500, 502),
     ("POST", "/v1/models/{model}/profile"): (400, 404, 409, 413, 502),
     ("GET", "/v1/jobs/{job_id}"): (404,),
@@ -39,7 +42,7 @@ ERROR_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/v1/swaps"): (),
     ("GET", "/v1/models/{model}/adapt"): (404, 409, 502),
     ("PUT", "/v1/models/{model}/adapt"): (400, 404, 409, 413, 502),
-    ("PUT", "/v1/models/{model}/pin"): (400, 404, 413, 502),
+    ("PUT", "/v1/models/{model}/pin"): (400, 404, 409, 413, 502),
     ("POST", "/v1/models/{model}/tune"): (400, 404, 409, 413, 502),
     ("GET", "/v1/models/{model}/tune"): (404, 502),
 }

@@ -17,6 +17,7 @@ that run for long re-read it rather than caching keys forever.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,6 +34,10 @@ class Key:
 
     def bearer(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"}
+
+    def expired(self, now: float | None = None) -> bool:
+        """Past its expiration time (`now`: time.time()); TorchServe refuses it from then on."""
+        return self.expires is not None and self.expires.timestamp() <= (time.time() if now is None else now)
 
 
 @dataclass(frozen=True)
