@@ -15,7 +15,7 @@ import pytest
 from packrat.bench.efficiency import EfficiencySettings, core_blocks, level_row, parse_plan, run_efficiency
 from packrat.bench.efficiency_report import last_run, summarise
 from packrat.bench.machine import describe_machine
-from packrat.bench.proc_cpu import CpuWindow, group_members
+from packrat.bench.proc_cpu import CpuWindow, command_name, group_members
 from packrat.errors import ConfigError
 
 
@@ -64,6 +64,21 @@ def test_cpu_window_reads_a_busy_child_and_not_an_idle_one() -> None:
     assert got["busy"]["pid"] == busy.pid
     assert got["busy"]["cpu_ms"] >= 150  # most of its 0.5 s loop fell in the window
     assert got["idle"]["cpu_ms"] <= 30
+
+
+def test_command_name_says_which_module_or_script_a_python_runs(tmp_path: Path) -> None:
+    (tmp_path / "waiter.py").write_text("import sys\nsys.stdin.read()\n")
+    procs = [subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE, cwd=tmp_path)
+             for args in (["-m", "waiter"], [str(tmp_path / "waiter.py"), "--x"])]
+    try:
+        for p in procs:  # the kernel fills a new program's cmdline just after exec returns to Popen
+            while not Path(f"/proc/{p.pid}/cmdline").read_bytes():
+                time.sleep(0.01)
+        names = [command_name(p.pid) for p in procs]
+    finally:
+        for p in procs:
+            p.communicate(b"")
+    assert names == ["waiter", f"{Path(sys.executable).name} waiter.py"]
 
 
 @pytest.mark.torchserve

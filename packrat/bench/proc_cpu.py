@@ -34,7 +34,9 @@ def command_name(pid: int) -> str:
         return comm(pid)
     if "-m" in args[:-1]:
         return args[args.index("-m") + 1]
-    return Path(args[0]).name or comm(pid)
+    # e.g. the fork server's shim, TorchServe's `python` for a worker: python .../model_service_worker.py
+    script = next((Path(a).name for a in args[1:] if a.endswith(".py")), None)
+    return " ".join(filter(None, [Path(args[0]).name or comm(pid), script]))
 
 
 def group_members(pgid: int) -> list[int]:
