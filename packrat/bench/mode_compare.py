@@ -31,7 +31,7 @@ MODES = {
                  "fp32-openvino", "bf16-openvino"],
     "bert-base": ["fp32-eager", "fp32-torchscript", "bf16-eager", "int8-eager", "fp32-onnxruntime",
                   "int8-onnxruntime", "fp32-openvino", "bf16-openvino", "int8-openvino"],
-    "gpt2": ["fp32-eager", "bf16-eager", "int8-eager"],
+    "gpt2": ["fp32-eager", "bf16-eager", "bf16w-eager", "int8-eager"],
 }
 # Tiny stand-ins exercise the script quickly (same code path).
 MODES.update({"tiny-resnet": MODES["resnet50"], "tiny-bert": MODES["bert-base"], "tiny-gpt2": MODES["gpt2"]})
