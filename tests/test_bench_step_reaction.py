@@ -50,7 +50,8 @@ def test_figures_come_from_the_swap_records_and_the_clients_counts() -> None:
     assert live_at(hand_trace()["swaps"][1]) == 136.0
     assert start == {
         "model": "m", "phase": 0, "clients": 1, "duration_s": 30.0, "swap_decided_after_s": None,
-        "right_plan_live_after_s": 0.0, "plan_at_end": [[2, 1]], "last_reason": "same-plan",
+        "first_swap_live_after_s": None, "right_plan_live_after_s": 0.0, "plan_at_end": [[2, 1]],
+        "last_reason": "same-plan",
         "settled_over_s": 10.0, "settled_rps": 2.0,
         "first_10s_rps": 1.9, "first_10s_of_settled": 0.95, "first_30s_rps": 1.97,
         "first_30s_of_settled": 0.983, "first_60s_rps": None, "first_60s_of_settled": None,
@@ -58,7 +59,8 @@ def test_figures_come_from_the_swap_records_and_the_clients_counts() -> None:
     }
     assert step == {
         "model": "m", "phase": 1, "clients": 8, "duration_s": 30.0, "swap_decided_after_s": 2.0,
-        "right_plan_live_after_s": 6.0, "plan_at_end": [[1, 4], [1, 4]], "last_reason": "same-plan",
+        "first_swap_live_after_s": 6.0, "right_plan_live_after_s": 6.0, "plan_at_end": [[1, 4], [1, 4]],
+        "last_reason": "same-plan",
         # the last 10 s: 50 answers; the first 10: 12 slow + 20 fast; 30 s: 12 + 120
         "settled_over_s": 10.0, "settled_rps": 5.0,
         "first_10s_rps": 3.2, "first_10s_of_settled": 0.64, "first_30s_rps": 4.4,
@@ -91,7 +93,7 @@ def test_render_reads_the_rows(tmp_path: Path) -> None:
                         "policy": {"gain_threshold": 0.1, "min_dwell_s": 60.0, "dwell_power": 2.0,
                                    "max_swaps_per_window": 2, "swap_window_s": 120.0, "min_stable_s": 5.0}})
     text = render_md(tr, analyse(tr, settled_s=10.0), "step-x")
-    assert "| m | 1 | 8 | 2 | 6 | 1/4 + 1/4 | 5 | 3.2 (64 %) | 4.4 (88 %) | – (–) | 1 | 133 | 1 |" in text
+    assert "| m | 1 | 8 | 2 | 6 | 6 | 1/4 + 1/4 | 5 | 3.2 (64 %) | 4.4 (88 %) | – (–) | 1 | 133 | 1 |" in text
     assert "Some CPU" in text and "python scripts/bench_step_reaction.py" in text
     plot(tr, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 10_000

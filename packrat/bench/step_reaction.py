@@ -10,6 +10,7 @@ the controller's own tick loop with the default AdaptiveLoop, each model startin
 plan for its first phase. It returns the trace (clients' requests, level changes, the
 decision log, swaps.jsonl); analyse() reads only that trace:
 
+* first swap live: when the first swap landing in the phase started serving;
 * right plan live: the plan live at the phase's end is the one the controller settled on
   for that load; it went live when the last swap landing in the phase set its version
   default (swaps.jsonl: started_at + create + register + ready + set_default), or at the
@@ -178,6 +179,7 @@ def phase_row(model: str, phase: int, clients: int, t0: float, t1: float, tr: di
     row: dict = {
         "model": model, "phase": phase, "clients": clients, "duration_s": round(t1 - t0, 1),
         "swap_decided_after_s": None if decided is None else round(decided, 1),
+        "first_swap_live_after_s": round(live_at(landed[0]) - t0, 1) if landed else None,
         "right_plan_live_after_s": (None if unsettled else round(live_at(landed[-1]) - t0, 1)
                                     if landed else 0.0),
         "plan_at_end": None if plan_at_end is None else _shape(plan_at_end),

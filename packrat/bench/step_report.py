@@ -34,7 +34,7 @@ def render_md(tr: dict, rows: list[dict], stem: str) -> str:
     lines = [
         f"# Step load: {_SCENARIO_TEXT.get(tr.get('scenario', ''), tr.get('scenario', ''))}",
         "",
-        f"Run {tr['created']} on {m['cores']} cores of a {m['cpu']} (load average {m['loadavg_start']:.1f} "
+        f"Run {tr['created']} on {m['cores']} cores (CPU: {m['cpu']}; load average {m['loadavg_start']:.1f} "
         f"at the start, {m['loadavg_end']:.1f} at the end: the machine was shared). Command: "
         f"`{tr['command']}`. Trace: `{stem}-trace.json`; this page and `{stem}.png` are rendered from it.",
         "",
@@ -46,6 +46,7 @@ def render_md(tr: dict, rows: list[dict], stem: str) -> str:
         f"(gain threshold {100 * pol['gain_threshold']:g} %, dwell {pol['min_dwell_s']:g} s at the threshold "
         f"scaled by (threshold / gain)^{pol['dwell_power']:g}, at most {pol['max_swaps_per_window']} swaps in "
         f"{pol['swap_window_s']:g} s, B held {pol['min_stable_s']:g} s; estimator window {est['window_s']:g} s).",
+        "- *first swap live*: seconds from the step until the first swap landing in the phase started serving.",
         "- *right plan live*: seconds from the step until the plan the controller kept to the phase's end "
         "started serving (swaps.jsonl: start + create + register + ready + set-default of the last swap "
         "landing in the phase; 0 when none landed, – when a swap was still running or failed at the end).",
@@ -53,9 +54,10 @@ def render_md(tr: dict, rows: list[dict], stem: str) -> str:
         "as a share of the *settled* rate (the phase's last "
         f"{_f(rows[0]['settled_over_s']) if rows else '–'} s); – where the phase is shorter than N.",
         "",
-        "| model | phase | clients | swap decided [s] | right plan live [s] | plan at end (threads/cap) | "
+        "| model | phase | clients | swap decided [s] | first swap live [s] | right plan live [s] | "
+        "plan at end (threads/cap) | "
         "settled [req/s] | " + " | ".join(f"first {w} s" for w in WINDOWS_S) + " | swaps | requests | failed |",
-        "|---|---|---|---|---|---|---|" + "---|" * len(WINDOWS_S) + "---|---|---|",
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(WINDOWS_S) + "---|---|---|",
     ]
     for r in rows:
         plan = " + ".join(f"{t}/{b}" for t, b in r["plan_at_end"]) if r["plan_at_end"] else "–"
@@ -63,8 +65,8 @@ def render_md(tr: dict, rows: list[dict], stem: str) -> str:
         firsts = " | ".join(f"{_f(r[f'first_{w}s_rps'])} ({_pct(r[f'first_{w}s_of_settled'])})"
                             for w in WINDOWS_S)
         lines.append(f"| {r['model']} | {r['phase']} | {r['clients']} | {_f(r['swap_decided_after_s'])} | "
-                     f"{_f(r['right_plan_live_after_s'])} | {plan} | {_f(r['settled_rps'])} | {firsts} | "
-                     f"{r['swaps']}{failed_swaps} | "
+                     f"{_f(r['first_swap_live_after_s'])} | {_f(r['right_plan_live_after_s'])} | {plan} | "
+                     f"{_f(r['settled_rps'])} | {firsts} | {r['swaps']}{failed_swaps} | "
                      f"{r['requests']} | {r['failed']} |")
     lines += ["", "Phase 0 is the start (its plan applied before the load began), not a step.", ""]
     return "\n".join(lines)
@@ -93,7 +95,7 @@ def plot(tr: dict, path: Path) -> None:
         ch = tr["level_changes"][name]
         cl.step([t - t0 for t, _ in ch], [c for _, c in ch], where="post", color="0.5", lw=2, label="clients")
         cl.set_ylabel("clients")
-        cl.set_ylim(0, 10)
+        cl.set_ylim(0, 12)  # the clients line below the throughput plateau, not over it
         for s in tr["swaps"]:
             if s["model"] != name:
                 continue
