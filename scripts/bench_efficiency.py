@@ -22,6 +22,7 @@ writes <out>/results.jsonl (rows as they land) and <out>/summary.md (the machine
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -52,6 +53,7 @@ def main() -> int:
         model=args.model, out=args.out, mode=args.mode, plan=args.plan, clients=args.clients, rounds=args.rounds,
         seconds=args.seconds, served_s=args.served_s, warm_s=args.warm_s, rewarm_s=args.rewarm_s,
         max_length=args.max_length, controller_pid=args.controller_pid, command=" ".join(sys.argv))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run_efficiency's finally stops its TorchServe
     print(run_efficiency(settings).read_text(), end="")
     return 0
 

@@ -13,6 +13,7 @@ import copy
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -160,7 +161,9 @@ def test_concurrent_builders_build_once(tmp_path: Path) -> None:
     key_dir = tmp_path / "cache" / "k"
     log = tmp_path / "builds.log"
     ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(4) as pool:
+    # SIGTERM at its default in the pool's workers: a handler another test left in this process
+    # (inherited by fork) would keep a worker alive through Pool.terminate() and hang the suite.
+    with ctx.Pool(4, initializer=signal.signal, initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
         out = pool.starmap(_slow_build, [(str(key_dir), str(log))] * 4)
     assert out == [str(key_dir)] * 4
     assert log.read_text().count("\n") == 1, log.read_text()  # one process built, three loaded

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -252,7 +251,6 @@ def run_efficiency(s: EfficiencySettings) -> Path:
     from packrat.plan import plan_from_shape
     from packrat.profile import open_archive
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # finally: stop the TorchServe we started
     if s.rounds < 1 or min(s.seconds, s.served_s) <= 0:
         raise ConfigError("need rounds >= 1 and positive durations")
     s.out.mkdir(parents=True, exist_ok=True)
