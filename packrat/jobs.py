@@ -2,7 +2,10 @@
 
 A job runs in a daemon thread; its state moves queued -> running -> done | failed
 and its result (or the error, with a short traceback) stays readable by id
-until the controller exits; a running job may publish `progress`. One job of
+for FINISHED_TTL_S after it finished, among the last KEEP_FINISHED of its kind
+(older finished jobs are forgotten when the next one starts or jobs are listed:
+a controller that runs for months does not keep every job); a running job may
+publish `progress`. One job of
 a kind at a time (or, with per_model, one per model). Jobs given the same
 `Turns` run one after another in the order they were started, waiting as
 "queued": two profiling runs on the same cores would measure each other.
@@ -20,6 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from packrat.errors import BusyError
+
+KEEP_FINISHED = 20  # finished jobs kept per kind, the newest
+FINISHED_TTL_S = 24 * 3600.0  # and none longer than this after it finished
 
 
 # Mutable: only the job's own thread changes state, result, error and finished.
@@ -89,9 +95,24 @@ class Turns:
 
 
 class Jobs:
-    def __init__(self) -> None:
+    def __init__(self, keep: int = KEEP_FINISHED, ttl_s: float = FINISHED_TTL_S,
+                 clock: Callable[[], float] = time.time) -> None:
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
+        self.keep, self.ttl_s, self.clock = keep, ttl_s, clock
+
+    def _forget_old(self) -> None:  # with self._lock held
+        """Drop finished jobs past the TTL, and beyond the newest `keep` finished of each kind."""
+        now = self.clock()
+        finished: dict[str, list[Job]] = {}
+        for j in self._jobs.values():
+            if j.finished is not None and j.state in ("done", "failed"):
+                finished.setdefault(j.kind, []).append(j)
+        for jobs in finished.values():
+            jobs.sort(key=lambda j: j.finished or 0.0, reverse=True)
+            for i, j in enumerate(jobs):
+                if i >= self.keep or now - (j.finished or now) > self.ttl_s:
+                    del self._jobs[j.id]
 
     def get(self, job_id: str) -> Job | None:
         with self._lock:
@@ -100,6 +121,7 @@ class Jobs:
     def recent(self, model: str | None = None, last: int = 20) -> list[Job]:
         """The latest `last` jobs (of `model`, if given), oldest first."""
         with self._lock:
+            self._forget_old()
             jobs = [j for j in self._jobs.values() if model in (None, j.model)]
         return sorted(jobs, key=lambda j: j.created)[-last:]
 
@@ -116,11 +138,12 @@ class Jobs:
         """Run `work` in the background; BusyError while a job of this kind (per_model: of
         this kind for this model) is unfinished. `turns`: wait for its turn first (state
         queued). `with_job`: call work(job), so it can publish job.progress."""
-        job = Job(id=uuid.uuid4().hex[:12], kind=kind, model=model, state="queued", created=time.time())
+        job = Job(id=uuid.uuid4().hex[:12], kind=kind, model=model, state="queued", created=self.clock())
         with self._lock:
             if any(j.kind == kind and j.state in ("queued", "running") and (not per_model or j.model == model)
                    for j in self._jobs.values()):
                 raise BusyError(f"a {kind} job{f' for {model}' if per_model else ''} is already running")
+            self._forget_old()
             self._jobs[job.id] = job
             # The ticket now, in the caller's thread and under the lock: jobs started
             # a, b, c hold their turns a, b, c however their threads get scheduled.
@@ -136,13 +159,13 @@ class Jobs:
                     job.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
                     job.state = "failed"
                 finally:
-                    job.finished = time.time()
+                    job.finished = self.clock()
 
         try:
             threading.Thread(target=run, name=f"{kind}-{job.id}", daemon=True).start()
         except BaseException:  # no thread, no turn to wait for: the jobs queued behind it go on
             if turns is not None and ticket is not None:
                 turns.drop(ticket)
-            job.state, job.error, job.finished = "failed", "could not start its thread", time.time()
+            job.state, job.error, job.finished = "failed", "could not start its thread", self.clock()
             raise
         return job
