@@ -280,6 +280,7 @@ class Controller:
         while not stop.wait(self.settings.tick_s):
             self.ticker.guarded("tick", self.tick)
             self.last_tick_at = time.monotonic()  # GET /healthz: the loop is alive
+        self.ticker.guarded("flush", self.ticker.flush)  # the policy's newest state, for the next start
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """(healthy, body) for GET /healthz, without calling TorchServe (packrat.control.health)."""

@@ -8,8 +8,14 @@ model_config.yaml), so a restarted controller knows it without a state file.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
+
+import requests
 
 from packrat.apply import versions
 from packrat.apply.client import ManagementClient, scrape_metrics
@@ -19,12 +25,14 @@ from packrat.observe import metrics
 from packrat.types import Observation
 
 
-def read_model_state(client: ManagementClient, model_store: Path, model: str) -> ModelState:
-    """The live version of `model` (two management calls); TorchServeError 404 if unknown."""
+def read_model_state(client: ManagementClient, model_store: Path, model: str, *,
+                     others: bool = True) -> ModelState:
+    """The live version of `model` (two management calls; one without `others`, whose
+    other_versions is then () : a tick does not use them); TorchServeError 404 if unknown."""
     d = client.describe_model(model)
     path = model_store / d.url
-    vdir = versions.load_version(path) if (path / versions.MANIFEST).exists() else None
-    others = tuple(x.version for x in client.describe_versions(model) if x.version != d.version)
+    vdir, mode = _DIRS.read(path)
+    other = tuple(x.version for x in client.describe_versions(model) if x.version != d.version) if others else ()
     checks = {c.pid: c for c in check_workers(d, vdir)} if vdir is not None else {}
     return ModelState(
         model=model,
@@ -32,25 +40,89 @@ def read_model_state(client: ManagementClient, model_store: Path, model: str) ->
         url=d.url,
         plan=vdir.plan if vdir else None,
         workers=tuple(WorkerState.of(w, checks.get(w.pid)) for w in d.workers),
-        other_versions=others,
-        mode=versions.served_mode(path),
+        other_versions=other,
+        mode=mode,
         cores=tuple(sorted({c for sl in vdir.slots for c in sl.cores})) if vdir else None,
     )
 
 
+class _DirReads:
+    """A registered directory's version and mode, parsed again only when its manifest,
+    model_config.yaml or the directory itself changed (every tick reads every model's:
+    YAML parsing was most of an idle model's cost). Bounded; errors are not kept."""
+
+    SIZE = 256
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[Path, tuple[tuple[tuple[int, int, int] | None, ...], Any]] = {}
+
+    @staticmethod
+    def _key(path: Path) -> tuple[tuple[int, int, int] | None, ...]:
+        out = []
+        for p in (path, path / versions.MANIFEST, path / versions.CONFIG):
+            try:
+                st = p.stat()
+                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def read(self, path: Path) -> tuple[versions.VersionDir | None, str | None]:
+        key = self._key(path)
+        with self._lock:
+            hit = self._seen.get(path)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        value = (versions.load_version(path) if key[1] is not None else None, versions.served_mode(path))
+        with self._lock:
+            if len(self._seen) >= self.SIZE:
+                self._seen.pop(next(iter(self._seen)))
+            self._seen[path] = (key, value)
+        return value
+
+
+_DIRS = _DirReads()
+
+
 def base_of(swapper: Swapper, model_store: Path, st: ModelState) -> tuple[str, Path]:
     """(name, path) of the base archive behind the live version `st`."""
-    base = swapper.base_of(st.url)
+    # What swapper.base_of(st.url) reads, from the parsed directories kept (_DirReads).
+    vdir, _ = _DIRS.read(swapper.model_store / st.url)
+    base = vdir.base if vdir else st.url
     return base, model_store / base
 
 
 class Observer:
-    """TorchServe's request counters per model, and the mean latency between two readings."""
+    """TorchServe's request counters per model, and the mean latency between two readings.
+
+    Within one_scrape() (a tick), the thread that entered it scrapes once for every model.
+    """
 
     def __init__(self, metrics_url: str | None, clock: Callable[[], float]) -> None:
         self.metrics_url = metrics_url
         self.clock = clock
         self._last: dict[str, Observation] = {}
+        # .obs: this thread's one reading of every model in a round, or None; .session: its HTTP session
+        self._round = threading.local()
+        self.scrapes = 0  # how many times the metrics port was read (tests: once per tick)
+
+    @contextlib.contextmanager
+    def one_scrape(self) -> Iterator[None]:
+        """In this thread, observe() reads the metrics port at most once until the block ends."""
+        self._round.obs = {}
+        try:
+            yield
+        finally:
+            self._round.obs = None
+
+    def _scrape(self) -> str:
+        assert self.metrics_url is not None
+        self.scrapes += 1
+        session = getattr(self._round, "session", None)
+        if session is None:  # one kept-alive connection per thread, not a new one per scrape
+            session = self._round.session = requests.Session()
+        return scrape_metrics(self.metrics_url, session=session)
 
     def observe(self, model: str) -> Observation | None:
         """Cumulative request count and latency of `model` from TorchServe's metrics port.
@@ -60,7 +132,14 @@ class Observer:
         """
         if not self.metrics_url:
             return None
-        return metrics.observation(scrape_metrics(self.metrics_url), model, self.clock())
+        seen: dict[str, Observation] | None = getattr(self._round, "obs", None)
+        if seen is None:
+            return metrics.observation(self._scrape(), model, self.clock())
+        if not seen:  # the round's one scrape; "" marks it taken (a model with no series yet)
+            text, now = self._scrape(), self.clock()
+            seen.update(metrics.observations(text, now), **{"": metrics.observation("", "", now)})
+        found = seen.get(model)
+        return found if found is not None else replace(seen[""], model=model)
 
     def observed_latency(self, model: str) -> ObservedLatency | None:
         """Mean latency (ms) overall and since the previous call, from counter deltas."""

@@ -5,6 +5,11 @@ Swaps start on the swap thread (a tick returns at once). An exception in one par
 of a tick is logged and counted (packrat_controller_tick_errors_total), and the
 other parts and models still get their turn.
 
+The policy's state is saved once per tick, after every model's turn, and only when it
+changed (packrat.control.statefiles: a change only in QUIET_STATE_KEYS is written at most
+every POLICY_STATE_QUIET_S). TorchServe's metrics are scraped once per
+tick for all models (Observer.one_scrape).
+
 A model an operator pinned (packrat.control.pins) is still handed to the policy, so
 its estimate goes on, but with the policy switched off for it (the "disabled" rule),
 and the idle-footprint move leaves it alone.
@@ -33,6 +38,11 @@ from packrat.types import Policy, Profile, TickContext
 
 log = logging.getLogger("packrat.controller")
 
+# Per model, the parts of the policy's state that move every tick without a decision: the
+# estimator's window and the learned latency correction (a crash loses at most
+# POLICY_STATE_QUIET_S of them); swap times, the switch and the version are written at once.
+QUIET_STATE_KEYS = ("estimator", "policy.correction")
+
 
 class Ticker:
     def __init__(self, client: ManagementClient, model_store: Path, policy: Policy | None, swaps: Swaps,
@@ -54,6 +64,14 @@ class Ticker:
             return None
 
     def tick(self) -> list[str]:
+        with self.observer.one_scrape():
+            return self._tick()
+
+    def flush(self) -> None:
+        """Write the policy's state if the file is behind it (a clean stop)."""
+        self.files.flush_policy_state(QUIET_STATE_KEYS)
+
+    def _tick(self) -> list[str]:
         models = self._reachable_models()
         if models is None:
             return []
@@ -63,7 +81,8 @@ class Ticker:
         policy = self.policy
         states: dict[str, ModelState] = {}  # the tick's one reading of each model
         for model in models:
-            st = self.guarded(model, lambda: read_model_state(self.client, self.model_store, model))
+            st = self.guarded(model, lambda: read_model_state(self.client, self.model_store, model,
+                                                                        others=False))
             if st is not None:
                 states[model] = st
         self.guarded("traffic", lambda: self.traffic.update_all(states.values()))
@@ -79,6 +98,7 @@ class Ticker:
         for model in order:
             if self.guarded(model, lambda: self._tick_model(policy, all_state, states[model], profiles[model])):
                 started.append(model)
+        self.guarded("policy state", lambda: self.files.save_policy_state(all_state, QUIET_STATE_KEYS))
         started += self.guarded("footprint", lambda: self._footprint(states)) or []
         return started
 
@@ -120,8 +140,7 @@ class Ticker:
             profiles=profiles,
             misplaced=self.shares.misplaced(st) and model in (division.shares if division else {}),
         )
-        new_plan, all_state[model] = policy(ctx, all_state.get(model, {}))
-        self.files.save_policy_state(all_state)
+        new_plan, all_state[model] = policy(ctx, all_state.get(model, {}))  # saved once, after the tick
         if new_plan is None:
             return False
         try:

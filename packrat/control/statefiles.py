@@ -20,6 +20,10 @@ TorchServe skips hidden files when it scans the store.
 
 Every JSON file is written then renamed with fsync (a crash leaves the old file
 or the new one) and read as {} when missing or unreadable (a restart starts afresh).
+The policy's state is kept in memory and written once per tick, only when it changed:
+at once when a decision's part changed, at most every POLICY_STATE_QUIET_S when only the
+parts that move every tick did (an estimator's sample window: a restart after a crash
+resumes from an estimate at most that old), and whatever is newer on a clean stop.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +43,7 @@ LAST_PLANS_FILE = "last-plans.json"
 CORES_FILE = "cores.json"
 PINS_FILE = "pins.json"
 STATE_LOCK_FILE = "controller.lock"
+POLICY_STATE_QUIET_S = 30.0  # how stale the persisted parts that move every tick may get
 # In the model store: one controller per TorchServe (hidden: TorchServe's store scan skips it).
 STORE_LOCK_FILE = ".packrat-controller.lock"
 
@@ -53,12 +59,29 @@ def read_state(path: Path) -> dict[str, Any]:
 
 def write_state(path: Path, data: dict[str, Any]) -> None:
     """Write-then-rename with fsync: a crash leaves the old file or the new one, never half."""
+    _write_text(path, json.dumps(data, indent=1, default=str))
+
+
+def _write_text(path: Path, text: str) -> None:
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=1, default=str))
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _without(value: Any, paths: tuple[str, ...]) -> Any:
+    """`value` (a model's policy state) without the keys `paths` name ("a", or "a.b" in "a")."""
+    if not isinstance(value, dict) or not paths:
+        return value
+    here = {p for p in paths if "." not in p}
+    below: dict[str, tuple[str, ...]] = {}
+    for p in paths:
+        if "." in p:
+            head, rest = p.split(".", 1)
+            below[head] = below.get(head, ()) + (rest,)
+    return {k: _without(v, below.get(k, ())) for k, v in value.items() if k not in here}
 
 
 def flock(path: Path, busy: str) -> int:
@@ -83,6 +106,9 @@ class StateFiles:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "profiles").mkdir(exist_ok=True)
         self._lock_fds: list[int] = []
+        self._policy: dict[str, Any] | None = None  # the policy's state as last read or saved
+        self._policy_written: tuple[str, str] = ("", "")  # (whole text, decision text) in the file
+        self._policy_written_at = 0.0  # time.monotonic() of that write
 
     # -- locks -------------------------------------------------------------------
     def acquire(self, model_store: Path, holder: str) -> None:
@@ -124,10 +150,31 @@ class StateFiles:
 
     # -- the re-plan policy's state, and the division of cores ------------------------
     def policy_state(self) -> dict[str, Any]:
-        return read_state(self.dir / POLICY_STATE_FILE)
+        """The policy's state: read from the file once, then what was last saved."""
+        if self._policy is None:
+            self._policy = read_state(self.dir / POLICY_STATE_FILE)
+        return self._policy
 
-    def save_policy_state(self, state: dict[str, Any]) -> None:
-        write_state(self.dir / POLICY_STATE_FILE, state)
+    def save_policy_state(self, state: dict[str, Any], quiet: tuple[str, ...] = (), *,
+                          flush: bool = False) -> bool:
+        """Keep `state`; write it when it differs from the file. A change only under a model's
+        `quiet` keys ("a" or "a.b", a key inside "a") waits up to POLICY_STATE_QUIET_S (unless `flush`). True: written."""
+        self._policy = state
+        text = json.dumps(state, indent=1, default=str)
+        if text == self._policy_written[0]:
+            return False
+        decisive = json.dumps({m: _without(s, quiet) for m, s in state.items()}, sort_keys=True, default=str)
+        now = time.monotonic()
+        if (not flush and decisive == self._policy_written[1]
+                and now - self._policy_written_at < POLICY_STATE_QUIET_S):
+            return False
+        _write_text(self.dir / POLICY_STATE_FILE, text)
+        self._policy_written, self._policy_written_at = (text, decisive), now
+        return True
+
+    def flush_policy_state(self, quiet: tuple[str, ...] = ()) -> bool:
+        """Write the policy's state kept in memory if the file is behind it (a clean stop)."""
+        return self._policy is not None and self.save_policy_state(self._policy, quiet, flush=True)
 
     def saved_division(self) -> dict[str, Any] | None:
         return read_state(self.dir / CORES_FILE).get("division")
