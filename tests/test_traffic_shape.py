@@ -68,6 +68,35 @@ def test_status_and_metrics_say_the_input_shape(slot_dir: Path) -> None:
     assert "resnet" not in generate_latest(registry).decode()
 
 
+def test_profiles_and_tunes_take_the_traffics_sizes_and_a_shift_retunes(slot_dir: Path) -> None:
+    from packrat.control.traffic import profile_sizes, why_retune
+    from packrat.tune.run import _sizes_moved
+    from packrat.types import Profile, TuneRecord
+
+    counters = LiveCounters(slots.worker_counters_path(301))
+    st = _state("bert", [301])
+    assert profile_sizes(st, 8) == () and profile_sizes(_state("plain", [399]), 8) == ()  # the sample
+    done = TuneRecord(model="bert", state="done", batch=1, detail={"sizes": {"tokens": 120}})
+    assert why_retune(done, st) is None  # no traffic yet: nothing to compare
+    counters.add_sizes({"tokens": [6] * 30})
+    assert profile_sizes(st, 1) == (("tokens", 6),)
+    assert why_retune(done, st) == "traffic's input shape moved (tokens 120 -> 6)"
+    assert why_retune(TuneRecord(model="bert", state="done", batch=1, detail={"sizes": {"tokens": 7}}), st) is None
+    assert why_retune(TuneRecord(model="bert", state="done", batch=1, detail={"sizes": {}}), st) is None
+    # tuned before traffic existed (at the task's sample): not redone for the traffic alone
+    assert why_retune(TuneRecord(model="bert", state="done", batch=1), st) is None
+    assert why_retune(TuneRecord(model="bert", state="running", batch=1), st) is None
+    assert why_retune(None, st) is None  # never tuned: why_tune says so
+    counters.add_sizes({"pixels": [50_000] * 30})
+    assert why_retune(TuneRecord(model="bert", state="done", batch=1, detail={"sizes": {"tokens": 7}}), st) \
+        .startswith("traffic's input shape moved (pixels none -> ")  # a kind the last tune had no traffic of
+    # a saved profile is re-measured by a tune when it was made far from the traffic's sizes
+    made_at = Profile(model_id="m", points=(), extra={"settings": {"sizes": [["tokens", 128]]}})
+    assert _sizes_moved(made_at, (("tokens", 6),)) == ["tokens"]
+    assert _sizes_moved(made_at, (("tokens", 110),)) == [] and _sizes_moved(made_at, ()) == []
+    assert _sizes_moved(Profile(model_id="m", points=()), (("tokens", 6),)) == []  # made at the sample
+
+
 @pytest.mark.torchserve
 def test_a_controller_reports_what_a_real_worker_served(torchserve, tiny_store: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:

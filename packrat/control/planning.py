@@ -15,6 +15,7 @@ from packrat.apply import versions
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of
 from packrat.control.modecheck import mode_refusal
+from packrat.control.traffic import profile_sizes
 from packrat.control.values import ModelState
 from packrat.errors import ConfigError, PackratError, ProfileError
 from packrat.jobs import Job, Jobs, Turns
@@ -135,7 +136,8 @@ class Planner:
         The profile goes where tuning and the re-plan loop read it:
         <state dir>/profiles/<model>/<mode>.json (packrat.profile.library)."""
         _, base_dir = base_of(self.swapper, self.model_store, st)
-        settings = ProfileSettings(cores=cores or len(self.cores), max_batch=max_batch, budget_s=budget_s)
+        settings = ProfileSettings(cores=cores or len(self.cores), max_batch=max_batch, budget_s=budget_s,
+                                   sizes=profile_sizes(st, st.plan.batch if st.plan else 1))  # the traffic's
         settings.validate(len(self.cores))
         archive = open_archive(base_dir)
         if st.mode is not None:

@@ -20,6 +20,8 @@ from typing import Any
 
 from packrat import slots
 from packrat.control.values import ModelState
+from packrat.profile.shape import representative_sizes, shifted
+from packrat.types import TuneRecord
 from packrat.worker_counters import SIZE_KINDS, SizeHistogram
 
 QUANTILES = {"p50": 0.5, "p90": 0.9}
@@ -49,6 +51,33 @@ def shape(sizes: Mapping[str, SizeHistogram] | None) -> dict[str, dict[str, Any]
             out[kind] = {"requests": hist.requests, "mean": round(hist.mean() or 0.0, 1),
                          **{name: round(hist.quantile(q) or 0.0, 1) for name, q in QUANTILES.items()}}
     return out
+
+
+def profile_sizes(st: ModelState, batch: int) -> tuple[tuple[str, int], ...]:
+    """The request sizes to profile `st`'s model at for load batch `batch`: the traffic's
+    (packrat.profile.shape.representative_sizes); (): the task's own sample, until traffic exists."""
+    sizes = served_sizes(st)
+    return representative_sizes(sizes, batch) if sizes else ()
+
+
+def why_retune(record: TuneRecord | None, st: ModelState) -> str | None:
+    """Why the model needs tuning again for its traffic (None: it does not): the traffic
+    sizes its last finished tune profiled at moved beyond packrat.profile.shape.SHIFT_FACTOR
+    from the traffic's now. A tune records its sizes whether it succeeds or fails, so a
+    shift starts one tune, not one per check. A tune made before there was traffic (at the
+    task's sample) is not redone for the traffic alone (as before sizes existed); the next
+    tune for any reason profiles at the traffic's sizes."""
+    if record is None or record.state not in ("done", "failed"):
+        return None
+    before = {str(k): int(v) for k, v in (record.detail.get("sizes") or {}).items()}
+    if not before:
+        return None
+    now = dict(profile_sizes(st, record.batch or 1))
+    moved = shifted(before, now)
+    if not moved:
+        return None
+    return "traffic's input shape moved (" + ", ".join(
+        f"{k} {before.get(k, 'none')} -> {now[k]}" for k in moved) + ")"
 
 
 class TrafficShapes:

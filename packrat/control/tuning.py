@@ -36,6 +36,7 @@ from packrat import tune
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of
 from packrat.control.swaps import Swaps
+from packrat.control.traffic import profile_sizes, why_retune
 from packrat.control.values import ModelState
 from packrat.errors import BusyError, ConfigError, PackratError
 from packrat.jobs import Job, Jobs, Turns
@@ -122,6 +123,7 @@ class Tuning:
             modes=tune.requested_modes(o.modes), budget_s=o.budget_s or tune.DEFAULT_BUDGET_S, fresh=o.fresh,
             max_batch=o.max_batch, point_budget_s=o.point_budget_s or tune.DEFAULT_POINT_BUDGET_S)
         settings.validate(len(self.cores))
+        settings = replace(settings, sizes=profile_sizes(st, settings.batch))  # the traffic's, else ()
         previous = tune.load_record(self.state_dir, model)
         job_ref: dict[str, Job] = {}
 
@@ -131,7 +133,7 @@ class Tuning:
                 job.progress = snap
 
         tracker = tune.Tracker(self.state_dir, model, on_change=publish)
-        tracker.set(trigger=trigger, batch=settings.batch, budget_s=settings.budget_s)
+        tracker.set(trigger=trigger, batch=settings.batch, budget_s=settings.budget_s, sizes=dict(settings.sizes))
         self._tunes[model] = tracker
 
         def work(job: Job) -> dict[str, Any]:
@@ -220,6 +222,7 @@ class AutoTuner:
                     continue  # the operator's (mode, plan) stays
                 running = c.jobs.unfinished("tune", model) is not None
                 why = why_tune(c.tuning.record(model) if not running else None, key, running)
+                why = why or (None if running else why_retune(c.tuning.record(model), st))
                 if why is None:
                     continue
                 c.tuning.start(st, self.options, trigger=f"auto: {why}")

@@ -51,6 +51,7 @@ from packrat.profile.fingerprint import config_in_mode, current_fingerprint
 from packrat.profile.identity import archive_in_mode
 from packrat.profile.library import HASHES, check_mode_profile, profile_file
 from packrat.profile.probe import probe_archive
+from packrat.profile.shape import shifted
 from packrat.tune.modes import ALL, candidate_modes
 from packrat.types import Plan, Profile, TunePlanRow, TuneRecord
 
@@ -76,6 +77,9 @@ class TuneSettings:
     max_batch: int | None = None  # largest profiled batch; None: max(batch, DEFAULT_MAX_BATCH)
     point_budget_s: float = DEFAULT_POINT_BUDGET_S
     fresh: bool = False  # re-profile modes whose profile is still valid
+    # The traffic's request sizes to profile at ((kind, size): packrat.profile.shape); (): the
+    # task's sample. A saved profile made at sizes these moved away from is measured again.
+    sizes: tuple[tuple[str, int], ...] = ()
 
     @property
     def profile_max_batch(self) -> int:
@@ -318,7 +322,8 @@ def _settle(run: _Run, modes: list[str], requested: list[str], previous: TuneRec
         fp = run.fingerprint(mode)
         prof_max = (chk.profile.extra.get("settings") or {}).get("max_batch", 0) if chk.profile else 0
         refused = _refused_before(previous, mode, archive.model_id, fp)
-        if chk.usable and not settings.fresh and prof_max >= settings.profile_max_batch:
+        moved = _sizes_moved(chk.profile, settings.sizes)
+        if chk.usable and not settings.fresh and prof_max >= settings.profile_max_batch and not moved:
             assert chk.profile is not None
             profiles[mode] = chk.profile
             tracker.mode(mode, state="reused", path=str(path), points=len(chk.profile.points))
@@ -327,11 +332,23 @@ def _settle(run: _Run, modes: list[str], requested: list[str], previous: TuneRec
                          fingerprint=fp, note="refused earlier for this archive and machine")
         else:
             why = ("fresh requested" if chk.usable and settings.fresh
+                   else f"traffic's input shape moved ({', '.join(moved)})" if chk.usable and moved
                    else f"profiled up to batch {prof_max}, {settings.profile_max_batch} wanted" if chk.usable
                    else "; ".join(chk.problems))
             tracker.mode(mode, state="pending", path=str(path), why=why)
             todo.append(mode)
     return todo, profiles
+
+
+def _sizes_moved(profile: Profile | None, sizes: tuple[tuple[str, int], ...]) -> list[str]:
+    """The kinds of `sizes` (the traffic's) that the traffic sizes the profile was made at
+    are far from (packrat.profile.shape.shifted). None without traffic sizes, and none for
+    a profile made at the task's own sample: that one stays valid, as before sizes existed,
+    until a tune for another reason measures the mode again (at the traffic's sizes)."""
+    made_at = (profile.extra.get("settings") or {}).get("sizes") if profile is not None else None
+    if not made_at or not sizes:
+        return []
+    return shifted({str(k): int(v) for k, v in made_at}, dict(sizes))
 
 
 def _measure(run: _Run, todo: list[str], own_mode: str, profiles: dict[str, Profile]) -> None:
@@ -401,7 +418,7 @@ def _turn(run: _Run, mode: str, label: str, share: float, first_turn: bool) -> t
         cores=settings.cores, max_batch=settings.profile_max_batch, budget_s=share,
         point_budget_s=settings.point_budget_s,
         batches=tune_batches(settings.batch, settings.cores, settings.profile_max_batch),
-        plan_batch=settings.batch)
+        plan_batch=settings.batch, sizes=settings.sizes)
     try:
         prof = run_profile(archive_in_mode(run.archive, mode), psettings, progress=False,
                            on_update=progress.on_update, on_event=progress.on_event,
