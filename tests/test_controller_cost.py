@@ -15,11 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from packrat.control import Controller, ControllerSettings
 from packrat.control.history import HISTORY_FILE, KEEP_LINES, TAIL_BYTES, History
 from packrat.control.statefiles import POLICY_STATE_FILE, StateFiles
 from packrat.jobs import Jobs
+from packrat.observe.loop import AdaptiveLoop, adapt_settings
 from reliability_support import copy_sleep_model
 from serving_support import start_server, usable_cores
 
@@ -132,20 +134,6 @@ def test_finished_jobs_are_bounded_in_number_and_age() -> None:
     done.set()
 
 
-class _Steady:
-    """A policy that keeps its state as it is: nothing to persist after the first tick."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def __call__(self, ctx, state):
-        self.calls.append(ctx.model)
-        return None, {"enabled": True, "version": ctx.version}
-
-    def metrics_text(self) -> bytes:
-        return b""
-
-
 @pytest.mark.torchserve
 @pytest.mark.slow
 def test_ticks_over_five_models_scrape_once_and_leave_unchanged_state_unwritten(
@@ -158,19 +146,33 @@ def test_ticks_over_five_models_scrape_once_and_leave_unchanged_state_unwritten(
     server = start_server(store, tmp_path / "ts", models=models)
     try:
         monkeypatch.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))
-        policy = _Steady()
+        decided: list[str] = []  # the real re-plan loop; one decision line per model and tick
+        policy = AdaptiveLoop(adapt_settings(), emit=decided.append)
         settings = ControllerSettings(management_url=server.management_url, key_file=server.key_file,
                                       metrics_url=server.metrics_url, model_store=store,
                                       state_dir=tmp_path / "state", cores=usable_cores(2), tick_s=0.05)
         c = Controller(settings, policy=policy)
+        described: list[str] = []
+        describe = c.client.describe_model
+
+        def counted(model: str, version: str | None = None):  # the real call, counted
+            described.append(model)
+            return describe(model, version)
+
+        monkeypatch.setattr(c.client, "describe_model", counted)
         c.tick()
         path = tmp_path / "state" / POLICY_STATE_FILE
         assert set(json.loads(path.read_text())) == set(models)
         stamp, scrapes = _stamp(path), c.observer.scrapes
         for _ in range(3):
             c.tick()
-        assert len(policy.calls) == 4 * len(models)
+        assert len(decided) == 4 * len(models), decided
         assert _stamp(path) == stamp  # nothing changed: not written again
         assert c.observer.scrapes - scrapes == 3  # one scrape per tick, not one per model
+        assert sorted(described) == models  # idle models: described on the first tick only
+        requests.post(f"{server.inference_url}/predictions/m2", data=b"x", headers=server.inference_headers(),
+                      timeout=60).raise_for_status()
+        c.tick()  # m2 served a request: read again, the others are kept
+        assert sorted(described) == sorted(models + ["m2"])
     finally:
         server.stop()

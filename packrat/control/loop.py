@@ -7,8 +7,10 @@ other parts and models still get their turn.
 
 The policy's state is saved once per tick, after every model's turn, and only when it
 changed (packrat.control.statefiles: a change only in QUIET_STATE_KEYS is written at most
-every POLICY_STATE_QUIET_S). TorchServe's metrics are scraped once per
-tick for all models (Observer.one_scrape).
+every POLICY_STATE_QUIET_S). TorchServe's metrics are scraped once per tick for all
+models (Observer.one_scrape), and an idle model is described again only after
+IDLE_REREAD_S, a request or a swap (Ticker._reading): four idle models of five cost the
+tick one scrape, not ten management calls and four YAML parses (issue 35 item 4).
 
 A model an operator pinned (packrat.control.pins) is still handed to the policy, so
 its estimate goes on, but with the policy switched off for it (the "disabled" rule),
@@ -18,8 +20,9 @@ and the idle-footprint move leaves it alone.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,17 @@ log = logging.getLogger("packrat.controller")
 # estimator's window and the learned latency correction (a crash loses at most
 # POLICY_STATE_QUIET_S of them); swap times, the switch and the version are written at once.
 QUIET_STATE_KEYS = ("estimator", "policy.correction")
+# An idle model's reading is kept for this long (it changes by a swap, which resets it, by a
+# request, or by TorchServe replacing a worker, which is then seen this much later).
+IDLE_REREAD_S = 10.0
+
+
+@dataclass(frozen=True)
+class _Kept:
+    state: ModelState
+    requests: float | None  # TorchServe's request count when it was read
+    swaps: int  # Swaps.releases then
+    at: float  # time.monotonic() then
 
 
 class Ticker:
@@ -53,6 +67,7 @@ class Ticker:
         self.metrics, self.clock, self.pins = metrics, clock, pins
         self.unreachable = False  # TorchServe's management API did not answer the last tick
         self.traffic = TrafficShapes()  # the sizes each model's workers served (status, /metrics)
+        self._kept: dict[str, _Kept] = {}  # each model's last reading (idle models reuse it)
 
     def guarded(self, where: str, fn: Callable[[], Any]) -> Any:
         """Run one part of a tick; an exception is logged and counted, never raised."""
@@ -81,10 +96,10 @@ class Ticker:
         policy = self.policy
         states: dict[str, ModelState] = {}  # the tick's one reading of each model
         for model in models:
-            st = self.guarded(model, lambda: read_model_state(self.client, self.model_store, model,
-                                                                        others=False))
+            st = self.guarded(model, lambda: self._reading(model))
             if st is not None:
                 states[model] = st
+        self._kept = {m: k for m, k in self._kept.items() if m in states}
         self.guarded("traffic", lambda: self.traffic.update_all(states.values()))
         # Each model's per-mode profiles, read and checked once for the division and its tick.
         profiles = {m: self.guarded(m, lambda: self.planner.tick_profiles(st)) or () for m, st in states.items()}
@@ -101,6 +116,23 @@ class Ticker:
         self.guarded("policy state", lambda: self.files.save_policy_state(all_state, QUIET_STATE_KEYS))
         started += self.guarded("footprint", lambda: self._footprint(states)) or []
         return started
+
+    def _reading(self, model: str) -> ModelState:
+        """The model's reading for this tick: kept from an earlier tick while the model is idle
+        (TorchServe counted no request since), no swap ended or runs, for IDLE_REREAD_S at most;
+        else read from TorchServe (a describe call)."""
+        try:
+            obs = self.observer.observe(model)  # the tick's one scrape, shared by every model
+        except TorchServeError:
+            obs = None
+        seen = None if obs is None else obs.requests_total
+        kept, now = self._kept.get(model), time.monotonic()
+        if (kept is not None and seen is not None and kept.requests == seen and kept.swaps == self.swaps.releases
+                and self.swaps.running is None and now - kept.at < IDLE_REREAD_S):
+            return kept.state
+        st = read_model_state(self.client, self.model_store, model, others=False)
+        self._kept[model] = _Kept(st, seen, self.swaps.releases, now)
+        return st
 
     def _reachable_models(self) -> list[str] | None:
         """The models TorchServe lists; None (and the unreachable gauge up) when it does not answer."""

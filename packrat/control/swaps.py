@@ -63,6 +63,12 @@ class Swaps:
         self._releases = 0
         self._reapply_after: dict[str, float] = {}
 
+    @property
+    def releases(self) -> int:
+        """How many times the swap lock was let go (each swap's end): a model reading taken
+        before this changed may be stale (packrat.control.loop keeps idle models' readings)."""
+        return self._releases
+
     def _release(self) -> None:
         self.lock.release()
         with self._freed:
