@@ -3,6 +3,8 @@ summed over the live workers, shown in status and in /metrics."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,5 +124,10 @@ def test_a_controller_reports_what_a_real_worker_served(torchserve, tiny_store: 
         count = float(served["tokens"]["requests"])
         assert f'packrat_traffic_requests{{kind="tokens",model="minilm"}} {count}' in metrics
         assert f'packrat_traffic_size{{kind="tokens",model="minilm",stat="p90"}} {served["tokens"]["p90"]}' in metrics
+        line = subprocess.run([sys.executable, "-m", "packrat.cli", "status", "minilm", "--api", ctl.url,
+                               "--key-file", str(torchserve.key_file)], capture_output=True, text=True, timeout=60)
+        assert line.returncode == 0, line.stderr
+        tokens = served["tokens"]
+        assert f"[tokens p50 {tokens['p50']:g} p90 {tokens['p90']:g}]" in line.stdout, line.stdout
     finally:
         ctl.kill()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -86,10 +86,16 @@ def status_command(
         tune = st.get("tune") or {}
         stage = tune.get("text") or "not tuned"
         pinned = "pinned" if st.get("pin") else ""
+        traffic = traffic_text(st.get("traffic"))
         typer.echo(f"{name:<12} {st['version']:<6} {st.get('mode') or '-':<18} {shape_text(st.get('plan')):<22} "
-                   f"{pinned:<7} {stage}")
+                   f"{pinned:<7} {stage}" + (f"  [{traffic}]" if traffic else ""))
         if modes and tune:
             typer.echo(mode_table(TuneRecord.from_dict(tune)))
+
+
+def traffic_text(traffic: dict[str, Any] | None) -> str:
+    """The input shape served, per kind: 'tokens p50 6 p90 115' (status's traffic); '' before any."""
+    return ", ".join(f"{kind} p50 {row['p50']:g} p90 {row['p90']:g}" for kind, row in (traffic or {}).items())
 
 
 def register(app: typer.Typer) -> None:
