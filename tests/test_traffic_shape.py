@@ -129,5 +129,32 @@ def test_a_controller_reports_what_a_real_worker_served(torchserve, tiny_store: 
         assert line.returncode == 0, line.stderr
         tokens = served["tokens"]
         assert f"[tokens p50 {tokens['p50']:g} p90 {tokens['p90']:g}]" in line.stdout, line.stdout
+        _a_profile_through_rest_times_the_traffics_sizes(torchserve, ctl, st)
     finally:
         ctl.kill()
+
+
+def _a_profile_through_rest_times_the_traffics_sizes(server, ctl, st: ModelState) -> None:
+    """POST /profile after traffic: the profile is made at the traffic's representative
+    size (the live version has no plan: B = 1, the median), and says so."""
+    import json
+    import time
+
+    from packrat.profile.shape import representative_sizes
+    from serving_support import predict
+
+    for _ in range(20):  # a distribution: at least MIN_REQUESTS requests
+        assert predict(server, "minilm", b"a text of some tokens for the profile").status_code == 200
+    expected = representative_sizes(served_sizes(st), 1)
+    assert expected and expected[0][0] == "tokens"
+    job = requests.post(f"{ctl.url}/v1/models/minilm/profile", headers=ctl.headers(), timeout=60,
+                        json={"max_batch": 1, "budget_s": 60, "cores": 1})
+    assert job.status_code == 202, job.text
+    deadline = time.monotonic() + 300  # a hang guard: the profile's own budget is 60 s
+    while (state := ctl.get(f"/v1/jobs/{job.json()['id']}").json())["state"] in ("queued", "running"):
+        assert time.monotonic() < deadline, state
+        time.sleep(1.0)
+    assert state["state"] == "done", state
+    profile = json.loads(Path(state["result"]["profile_path"]).read_text())
+    assert [tuple(pair) for pair in profile["settings"]["sizes"]] == list(expected)
+    assert [p["meta"]["sizes"] for p in profile["points"]] == [dict(expected)]
