@@ -3,6 +3,9 @@ summed over the live workers, shown in status and in /metrics."""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -137,7 +140,6 @@ def test_a_controller_reports_what_a_real_worker_served(torchserve, tiny_store: 
 def _a_profile_through_rest_times_the_traffics_sizes(server, ctl, st: ModelState) -> None:
     """POST /profile after traffic: the profile is made at the traffic's representative
     size (the live version has no plan: B = 1, the median), and says so."""
-    import json
     import time
 
     from packrat.profile.shape import representative_sizes
@@ -158,3 +160,18 @@ def _a_profile_through_rest_times_the_traffics_sizes(server, ctl, st: ModelState
     profile = json.loads(Path(state["result"]["profile_path"]).read_text())
     assert [tuple(pair) for pair in profile["settings"]["sizes"]] == list(expected)
     assert [p["meta"]["sizes"] for p in profile["points"]] == [dict(expected)]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's functions")
+def test_the_status_page_writes_the_traffic_and_the_tuned_sizes() -> None:
+    """packrat/web/app.js's trafficText and tunedForText, run by node on status values."""
+    js = (Path(__file__).resolve().parents[1] / "packrat" / "web" / "app.js").read_text()
+    functions = "".join(re.search(rf"^function {name}\(.*?^}}$", js, re.M | re.S).group(0) + "\n"
+                        for name in ("trafficText", "tunedForText"))
+    cases = [["trafficText", {"tokens": {"requests": 240, "mean": 20.5, "p50": 6, "p90": 115}}],
+             ["trafficText", {}], ["trafficText", None],
+             ["tunedForText", {"sizes": {"tokens": 6}}], ["tunedForText", {"sizes": {}}], ["tunedForText", None]]
+    script = functions + f"for (const [f, v] of {json.dumps(cases)}) console.log(eval(f)(v));"
+    out = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.splitlines() == ["tokens p50 6 p90 115 (240 requests)", "–", "–", "tokens 6",
+                                       "the task's sample input", "–"]

@@ -154,6 +154,20 @@ async function setPin(name, pinned) {
   refresh();
 }
 
+// "tokens p50 6 p90 115 (240 requests)" per kind served; "–" before any (status's traffic).
+function trafficText(traffic) {
+  const kinds = traffic && typeof traffic === "object" ? Object.entries(traffic) : [];
+  if (!kinds.length) return "–";
+  return kinds.map(([kind, t]) => `${kind} p50 ${t.p50} p90 ${t.p90} (${t.requests} requests)`).join(", ");
+}
+
+// The request sizes the last tune profiled at: the traffic's, or the task's own sample.
+function tunedForText(tune) {
+  if (!tune || !tune.sizes || typeof tune.sizes !== "object") return "–";
+  const kinds = Object.entries(tune.sizes);
+  return kinds.length ? kinds.map(([kind, size]) => `${kind} ${size}`).join(", ") : "the task's sample input";
+}
+
 function pinText(pin) {
   if (!pin) return "not pinned";
   return `pinned: ${pin.mode || "its mode"} ${shapeText(pin.plan)} since ${clock(pin.since)}`;
@@ -204,6 +218,9 @@ function modelSection({ name, status, adapt, jobs }) {
     // The cores this model may use now (divided among models with load: docs/cores.md).
     ["may use", Array.isArray(status.share) ? status.share.join(",") : "–"],
     ["pin", pinText(status.pin), "pin"],
+    // The input shape served (the workers' size histograms) and the one the last tune profiled at.
+    ["traffic", trafficText(status.traffic), "traffic"],
+    ["tuned for", tunedForText(status.tune), "tuned-for"],
   ]);
   const pinButton = el("button", { type: "button", class: "pin-button" }, status.pin ? "Unpin" : "Pin what is live");
   pinButton.addEventListener("click", () => { pinButton.disabled = true; setPin(name, !status.pin); });
