@@ -2,7 +2,7 @@
 
     python -m packrat.bench.gen_precision --store /tmp/gen-store --out docs/benchmarks/X.jsonl \
         [--arch tiny-gpt2 --arch gpt2] [--rounds 3] [--batch 8] [--new-tokens 20] [--min-s 1] [--threads N]
-    python -m packrat.bench.gen_precision --render docs/benchmarks/X.jsonl
+    python -m packrat.bench.gen_precision --render docs/benchmarks/X.jsonl [--run 2026-12-04T19:42:48Z]
 
 Each architecture's archive is built once (seeded weights) and each mode loaded through the
 handler as TorchServe's worker loads it, accuracy guard at its defaults (a refused mode is
@@ -92,9 +92,10 @@ def speedup(calls: list[dict], mode: str, key: str) -> float:
                              if r["mode"] == mode and r["round"] in by_round)
 
 
-def render(path: Path) -> str:
+def render(path: Path, run: str | None = None) -> str:
+    """The table of one run in a results file (default: its last)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    run = rows[-1]["run"]
+    run = run or rows[-1]["run"]
     rows = [r for r in rows if r["run"] == run]
     machine = next(r for r in rows if r["kind"] == "machine")
     threads = sorted({r["threads"] for r in rows if "threads" in r})
@@ -132,10 +133,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch's intra-op threads, as a worker's slot sets them (default: torch's)")
     parser.add_argument("--render", type=Path, default=None, help="print a results file's last run")
+    parser.add_argument("--run", default=None, help="with --render: this run (its start time) instead")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.render:
-        print(render(args.render))
+        print(render(args.render, args.run))
         return
     import torch
     import transformers
