@@ -174,5 +174,9 @@ def test_ticks_over_five_models_scrape_once_and_leave_unchanged_state_unwritten(
                       timeout=60).raise_for_status()
         c.tick()  # m2 served a request: read again, the others are kept
         assert sorted(described) == sorted(models + ["m2"])
+        # The restart watch trusts TorchServe's list of models for each default version's URL
+        # (no describe /all per model per tick): the list names the default's directory.
+        listed = {m["modelName"]: m["modelUrl"] for m in c.client.list_models()}
+        assert listed == {m: describe(m).url for m in models}
     finally:
         server.stop()

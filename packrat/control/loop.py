@@ -90,7 +90,7 @@ class Ticker:
         models = self._reachable_models()
         if models is None:
             return []
-        started = self.guarded("watch", lambda: self.swaps.watch(models)) or []
+        started = self.guarded("watch", lambda: self.swaps.watch(list(models), models)) or []
         if self.policy is None:
             return started
         policy = self.policy
@@ -134,10 +134,11 @@ class Ticker:
         self._kept[model] = _Kept(st, seen, self.swaps.releases, now)
         return st
 
-    def _reachable_models(self) -> list[str] | None:
-        """The models TorchServe lists; None (and the unreachable gauge up) when it does not answer."""
+    def _reachable_models(self) -> dict[str, str] | None:
+        """The models TorchServe lists, each with its default version's URL; None (and the
+        unreachable gauge up) when it does not answer."""
         try:
-            models = [m["modelName"] for m in self.client.list_models()]
+            models = {m["modelName"]: m.get("modelUrl", "") for m in self.client.list_models()}
         except TorchServeError as exc:
             if not self.unreachable:
                 log.warning("TorchServe's management API does not answer: %s", exc)

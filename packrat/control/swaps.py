@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,17 +170,21 @@ class Swaps:
         self.running = record
 
     # -- the restart watch -----------------------------------------------------------
-    def watch(self, models: Sequence[str]) -> list[str]:
+    def watch(self, models: Sequence[str], default_urls: Mapping[str, str] | None = None) -> list[str]:
         """Apply the last plan again where its version is no longer loaded; returns those models.
 
         The version a successful swap made live stays loaded until the next swap
         replaces it. If TorchServe no longer lists it, TorchServe restarted (and
         loaded the base model, or nothing) or someone unregistered it: the plan
-        the controller last made live is made live again.
+        the controller last made live is made live again. `default_urls`: model ->
+        the URL of its default version, as TorchServe's list of models gave it this tick;
+        a model whose default is the last swap's version needs no describe call.
         """
+        quick = default_urls or {}
         # Looked for without the swap lock: holding it for every tick's describe calls
         # would refuse an apply arriving meanwhile (BusyError) for no swap at all.
-        if not any(self._lost(model, entry) for model, entry in self.files.last_plans().items() if model in models):
+        if not any(self._lost(model, entry) for model, entry in self.files.last_plans().items()
+                   if model in models and (entry.get("url") is None or quick.get(model) != entry.get("url"))):
             return []
         # Acted on under the swap lock, checked again: a swap changes versions on purpose,
         # and one that ends between reading last-plans.json and acting must not be undone.
