@@ -36,7 +36,7 @@ def _path_tokens(span: str) -> list[str]:
     out = []
     for token in span.split():
         token = token.strip("'\",;()[]")
-        token = re.sub(r"^[A-Z_]+=", "", token)  # PACKRAT_X=scripts/y.py
+        token = re.sub(r"^[A-Z_]+=", "", token)  # VAR=scripts/y.py
         if token.startswith(PREFIXES) and not PLACEHOLDER.search(token):
             out.append(re.split(r"::|:\d", token)[0].rstrip(".:"))
     return out
