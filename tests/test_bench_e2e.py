@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 def test_bench_measures_every_configuration_and_leaves_nothing_registered(tmp_path: Path) -> None:
     settings = BenchSettings(
         models=("noop",), batches=(2,), out=tmp_path, requests=30, max_point_s=30.0,
-        profile_budget_s=30.0, profile_point_budget_s=1.0, capacity=True, capacity_requests=50,
+        profile_budget_s=120.0, profile_point_budget_s=1.0, capacity=True, capacity_requests=50,
         progress=False, command="test",
     )
     bench = Bench(settings)

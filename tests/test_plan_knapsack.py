@@ -327,3 +327,14 @@ def test_cover_plans_awkward_batches():
     assert as_tuples(optimal_plan(make_profile(table), 2, 3, cover=True)) == [(1, 2, 13.0)] * 2
     # B=1 covering: (1,1) = 8 (Σb = 1) beats (1,2) = 13.
     assert as_tuples(optimal_plan(make_profile(table), 2, 1, cover=True)) == [(1, 1, 8.0)]
+
+
+def test_an_empty_profile_is_refused_with_a_clear_error() -> None:
+    # A profile whose every point was omitted (a budget spent on a busy machine) says so,
+    # instead of a bare max() of an empty sequence.
+    from packrat.errors import ProfileError
+    from packrat.plan import realizable_plan
+    from packrat.types import Profile
+
+    with pytest.raises(ProfileError, match="has no point"):
+        realizable_plan(Profile(model_id="empty", points=()), 2, 2)

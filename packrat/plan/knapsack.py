@@ -252,8 +252,9 @@ def optimal_plan(
 @lru_cache(maxsize=256)
 def _solve_realizable(profile: Profile, cores: int, batch: int) -> Plan:
     # Any profiled batch size may be the cap: a cap above B just means one
-    # worker with a short batch, as in the covering optimum.
-    table = latency_table(profile, cores, max(p.batch for p in profile.points))
+    # worker with a short batch, as in the covering optimum. max(default=1): an empty
+    # profile then reaches latency_table, which says what is missing (ProfileError).
+    table = latency_table(profile, cores, max((p.batch for p in profile.points), default=1))
     best: tuple | None = None
     for j, cap in enumerate(table.batches):
         n = -(-batch // cap)  # ceil(B / b): fewer workers cannot take the load
