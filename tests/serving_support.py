@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -216,3 +215,36 @@ def registered_with_controller(server: RunningServer, ctl: ControllerProcess,
     finally:
         ctl.kill()
         server.stop()
+
+
+@contextmanager
+def swapper_on_a_copy(tiny_store: Path, tmp_factory: pytest.TempPathFactory, base: str,
+                      name: str) -> Iterator[tuple[RunningServer, Path, object]]:
+    """A TorchServe of its own over a copy of the tiny archive `base` registered as `name`,
+    and a Swapper for it: (server, model store, swapper). The server stops on the way out."""
+    import shutil
+
+    from packrat.apply.swap import Swapper
+
+    store = tmp_factory.mktemp(f"{name}-store")
+    shutil.copytree(tiny_store / base, store / name, symlinks=True)
+    server = start_server(store, tmp_factory.mktemp(f"{name}-ts"))
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))  # the Swapper reads the status files
+            client = server.management_client()
+            client.register(name, name, 1)
+            yield server, store, Swapper(client, store, cores=list(usable_cores(2)))
+    finally:
+        server.stop()
+
+
+def python_for(uid: int) -> str:
+    """An interpreter `uid` may run (the venv's may sit in a directory only its owner enters)."""
+    for candidate in (sys.executable, "/usr/local/bin/python3", "/usr/bin/python3"):
+        try:
+            subprocess.run([candidate, "-c", ""], user=uid, group=uid, check=True, timeout=30)
+            return candidate
+        except (OSError, subprocess.CalledProcessError):
+            continue
+    pytest.skip(f"no Python that uid {uid} may run")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import multiprocessing
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -330,29 +329,18 @@ def test_a_refused_mode_stays_refused_and_a_changed_archive_is_guarded_again(
 @pytest.mark.torchserve
 @pytest.mark.slow
 def test_the_next_versions_workers_load_from_the_cache(tiny_store: Path, tmp_path_factory) -> None:
-    from packrat.apply.swap import Swapper
     from packrat.types import Instance, Plan
-    from serving_support import predict, start_server, usable_cores
+    from serving_support import predict, swapper_on_a_copy
 
-    store = tmp_path_factory.mktemp("cache-store")
-    shutil.copytree(tiny_store / "tiny-bert", store / "cache-bert", symlinks=True)
-    server = start_server(store, tmp_path_factory.mktemp("cache-ts"))
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))  # the Swapper reads the status files
-            client = server.management_client()
-            client.register("cache-bert", "cache-bert", 1)
-            swapper = Swapper(client, store, cores=list(usable_cores(2)))
-            one = Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0),), predicted_latency_ms=0.0,
-                       mode="fp32-onnxruntime")
-            two = Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0), Instance(1, 2, 0.0)),
-                       predicted_latency_ms=0.0, mode="fp32-onnxruntime")
-            first = swapper.apply("cache-bert", one)
-            answer = predict(server, "cache-bert", b"the film was a delight").json()
-            second = swapper.apply("cache-bert", two)
-            assert predict(server, "cache-bert", b"the film was a delight").json() == answer
-    finally:
-        server.stop()
+    one = Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0),), predicted_latency_ms=0.0,
+               mode="fp32-onnxruntime")
+    two = Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0), Instance(1, 2, 0.0)),
+               predicted_latency_ms=0.0, mode="fp32-onnxruntime")
+    with swapper_on_a_copy(tiny_store, tmp_path_factory, "tiny-bert", "cache-bert") as (server, _, swapper):
+        first = swapper.apply("cache-bert", one)
+        answer = predict(server, "cache-bert", b"the film was a delight").json()
+        second = swapper.apply("cache-bert", two)
+        assert predict(server, "cache-bert", b"the film was a delight").json() == answer
     print("first", first.to_dict()["ready_phases_s"], first.workers)
     print("second", second.to_dict()["ready_phases_s"], second.workers)
     # The first onnxruntime worker exported and guarded; the next version's two workers loaded both.

@@ -220,34 +220,20 @@ def test_an_entry_is_durable_and_complete_before_it_is_visible(tmp_path: Path) -
 def test_a_swap_to_a_mode_whose_cached_file_was_damaged_succeeds_and_is_guarded(
         tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Before: every worker of the mode loaded the damaged file and failed; the swap rolled back."""
-    import shutil
-
-    from packrat.apply.swap import Swapper
     from packrat.types import Instance, Plan
-    from serving_support import predict, start_server, usable_cores
+    from serving_support import predict, swapper_on_a_copy
 
-    store = tmp_path_factory.mktemp("trust-store")
-    shutil.copytree(tiny_store / "tiny-bert", store / "trust-bert", symlinks=True)
-    server = start_server(store, tmp_path_factory.mktemp("trust-ts"))
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))  # the Swapper reads the status files
-            client = server.management_client()
-            client.register("trust-bert", "trust-bert", 1)
-            swapper = Swapper(client, store, cores=list(usable_cores(2)))
+    def plan(workers: int) -> Plan:
+        return Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0),) * workers,
+                    predicted_latency_ms=0.0, mode="fp32-onnxruntime")
 
-            def plan(workers: int) -> Plan:
-                return Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0),) * workers,
-                            predicted_latency_ms=0.0, mode="fp32-onnxruntime")
-
-            first = swapper.apply("trust-bert", plan(1))
-            answer = predict(server, "trust-bert", b"the film was a delight").json()
-            entry = _entry(store, "onnx")
-            _flip(_artefact(entry, "fp32-onnxruntime"))
-            second = swapper.apply("trust-bert", plan(2))  # raises if it rolled back
-            assert predict(server, "trust-bert", b"the film was a delight").json() == answer
-    finally:
-        server.stop()
+    with swapper_on_a_copy(tiny_store, tmp_path_factory, "tiny-bert", "trust-bert") as (server, store, swapper):
+        first = swapper.apply("trust-bert", plan(1))
+        answer = predict(server, "trust-bert", b"the film was a delight").json()
+        entry = _entry(store, "onnx")
+        _flip(_artefact(entry, "fp32-onnxruntime"))
+        second = swapper.apply("trust-bert", plan(2))  # raises if it rolled back
+        assert predict(server, "trust-bert", b"the film was a delight").json() == answer
     print("first", first.workers)
     print("second", second.workers)
     assert [w["cache"] for w in first.workers] == [{"onnx": "built", "guard": "built"}]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from packrat.listener import listener_uids, untrusted_listener
+from serving_support import python_for
 
 KEY = "mgmt-Key_0123456789abcdef"
 NOBODY = 65534
@@ -25,16 +26,6 @@ print(s.getsockname()[1], flush=True)
 c, _ = s.accept()
 print(repr(c.recv(65536)), flush=True)
 """
-
-
-def _python_for(uid: int) -> str:
-    for candidate in (sys.executable, "/usr/local/bin/python3", "/usr/bin/python3"):
-        try:
-            subprocess.run([candidate, "-c", ""], user=uid, group=uid, check=True, timeout=30)
-            return candidate
-        except (OSError, subprocess.CalledProcessError):
-            continue
-    pytest.skip(f"no Python that uid {uid} may run")
 
 
 def test_own_listener_is_trusted_and_others_hosts_unchecked() -> None:
@@ -51,7 +42,7 @@ def test_own_listener_is_trusted_and_others_hosts_unchecked() -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="starting another user's listener needs root")
 @pytest.mark.parametrize("address", ["127.0.0.1", "0.0.0.0"])
 def test_cli_refuses_another_users_listener(tmp_path: Path, address: str) -> None:
-    squatter = subprocess.Popen([_python_for(NOBODY), "-c", SQUATTER, address], user=NOBODY, group=NOBODY,
+    squatter = subprocess.Popen([python_for(NOBODY), "-c", SQUATTER, address], user=NOBODY, group=NOBODY,
                                 stdout=subprocess.PIPE, text=True)
     try:
         port = int(squatter.stdout.readline())

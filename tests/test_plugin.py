@@ -14,8 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ import requests
 from packrat.profile.store import save_profile
 from packrat.server import RunningServer, free_ports
 from packrat.types import Profile, ProfilePoint
-from serving_support import ControllerProcess, registered_with_controller, start_server
+from serving_support import ControllerProcess, python_for, registered_with_controller, start_server
 from waiting import wait_until
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
@@ -231,17 +229,6 @@ while True:
     c.close()
 """
 NOBODY_UID = 65534
-
-
-def python_for(uid: int) -> str:
-    """An interpreter `uid` may run (the venv's may sit in a directory only its owner enters)."""
-    for candidate in (sys.executable, "/usr/local/bin/python3", "/usr/bin/python3"):
-        try:
-            subprocess.run([candidate, "-c", ""], user=uid, group=uid, check=True, timeout=30)
-            return candidate
-        except (OSError, subprocess.CalledProcessError):
-            continue
-    pytest.skip(f"no Python that uid {uid} may run")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="starting another user's listener needs root")
