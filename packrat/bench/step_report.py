@@ -26,12 +26,23 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.0f} %"
 
 
+def _front_matter(tr: dict, rows: list[dict]) -> list[str]:
+    """The results-file header every page under docs/benchmarks/ carries (docs/benchmarks/README.md)."""
+    steps = [r for r in rows if r["phase"] > 0]
+    live = [r["right_plan_live_after_s"] for r in steps if isinstance(r["right_plan_live_after_s"], (int, float))]
+    figures = (f"right plan live {min(live):.1f}-{max(live):.1f} s after a step" if live else "no step answered")
+    figures += f"; {sum(r['failed'] for r in rows)} failed requests"
+    return ["---", f"date: {tr['created'][:10]} {tr['created'][11:16]}",
+            f"machine: {tr['machine']['cpu']}, {tr['machine']['cores']} cores",
+            f"command: {tr['command']}", f"figures: {figures}", "---", ""]
+
+
 def render_md(tr: dict, rows: list[dict], stem: str) -> str:
     pol, est = tr["settings"]["policy"], tr["settings"]["estimator"]
     m = tr["machine"]
     models = ", ".join(f"`{x['name']}` ({'table-latency sleep model' if x['kind'] == 'sleep' else 'archive'})"
                        for x in tr["models"])
-    lines = [
+    lines = _front_matter(tr, rows) + [
         f"# Step load: {_SCENARIO_TEXT.get(tr.get('scenario', ''), tr.get('scenario', ''))}",
         "",
         f"Run {tr['created']} on {m['cores']} cores (CPU: {m['cpu']}; load average {m['loadavg_start']:.1f} "
