@@ -11,7 +11,7 @@ a test run), so everything an instance writes is kept inside its own workdir:
   with ports from 9000 up; TEMP (-> java.io.tmpdir) is per instance too.
 - `key_file.json` and `logs/` land in the frontend's working directory = workdir.
 - Slot locks and worker status files (packrat.slots) go to PACKRAT_SLOT_DIR.
-  By default that is the machine-wide `$TMPDIR/packrat-slots`, where a
+  By default that is the per-user `$TMPDIR/packrat-slots-<uid>`, where a
   controller started separately (`make run`) finds them by the same rule;
   `slot_dir=` gives a server its own directory (tests: one per server, inside
   its workdir, removed by stop()). A controller of such a server must read
@@ -177,7 +177,7 @@ class RunningServer:
     @property
     def keys(self) -> Keys:
         # Re-read every time: TorchServe rewrites the file when a key is regenerated.
-        return read_keys(self.workdir / KEY_FILE_NAME)
+        return read_keys(self.key_file)
 
     def inference_headers(self) -> dict[str, str]:
         return self.keys.inference_headers()
@@ -187,7 +187,7 @@ class RunningServer:
 
     @property
     def key_file(self) -> Path:
-        return self.workdir / "key_file.json"
+        return self.workdir / KEY_FILE_NAME
 
     def management_client(self):
         """A ManagementClient for this server (re-reads the key file as TorchServe rotates it)."""

@@ -234,7 +234,7 @@ def serve_command(
         signal.signal(sig, lambda *_: stop.set())
     try:
         run_controller(management_url=server.management_url, metrics_url=server.metrics_url,
-                       key_file=server.workdir / "key_file.json", run=run, stop=stop)
+                       key_file=server.key_file, run=run, stop=stop)
     except PackratError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -262,7 +262,7 @@ def _start_torchserve(config: Path, models: list[str], run: RunOptions) -> Runni
         raise typer.Exit(1) from exc
     typer.echo(
         f"TorchServe: inference {server.inference_url}, management {server.management_url}, "
-        f"metrics {server.metrics_url}; keys in {server.workdir / 'key_file.json'}",
+        f"metrics {server.metrics_url}; keys in {server.key_file}",
         err=True,
     )
     return server
