@@ -213,10 +213,6 @@ def unread_bytes(pid: int, queues: dict[int, int] | None = None) -> int | None:
     return sum(queues.get(i, 0) for i in inodes)
 
 
-def worker_pids(described: ModelDescription | dict[str, Any]) -> list[int]:
-    return ModelDescription.of(described).worker_pids()
-
-
 def pending_requests(described: ModelDescription | dict[str, Any]) -> int:
     """Jobs in a version's queue (TorchServe counts only its default data queue)."""
     return ModelDescription.of(described).pending_requests
