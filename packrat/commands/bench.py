@@ -146,13 +146,13 @@ def _preset(out: Path, quick: bool, full: bool, kw: dict[str, Any]) -> BenchSett
     return BenchSettings(out=out, **kw)
 
 
-def _run(out: Path, settings: Callable[[], BenchSettings]) -> Path:
+def _run(out: Path, make_settings: Callable[[], BenchSettings]) -> Path:
     """Run the bench; on a failure or Ctrl-C, report what was measured before it and exit."""
     from packrat.bench.report import write_report
     from packrat.bench.run import Bench
 
     try:
-        return Bench(settings()).run()
+        return Bench(make_settings()).run()
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
