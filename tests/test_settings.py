@@ -154,6 +154,7 @@ def test_the_pod_script_defaults_are_the_tables() -> None:
 
 def test_the_defaults_kept_elsewhere_agree_with_the_table() -> None:
     # Until each of these reads the table itself, a changed default must change both places.
+    from packrat.control import values as control_values
     from packrat.observe.policy import PolicySettings
     from packrat.profile import library, runner
     from packrat.tune import run as tune_run
@@ -164,4 +165,5 @@ def test_the_defaults_kept_elsewhere_agree_with_the_table() -> None:
                                             value("tune_batch"), value("tune_max_batch"))
     assert (runner.DEFAULT_MAX_BATCH, runner.DEFAULT_POINT_BUDGET_S) == (
         value("profile_max_batch"), value("profile_point_budget_s"))
-    assert library.DEFAULT_STATE_DIR == settings.get("state_dir").default
+    # library and runner take theirs from the table; the controller's is a literal of its own.
+    assert library.DEFAULT_STATE_DIR == control_values.DEFAULT_STATE_DIR == settings.get("state_dir").default
