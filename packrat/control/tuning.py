@@ -221,8 +221,8 @@ class AutoTuner:
                 if c.pins.pinned(model):
                     continue  # the operator's (mode, plan) stays
                 running = c.jobs.unfinished("tune", model) is not None
-                why = why_tune(c.tuning.record(model) if not running else None, key, running)
-                why = why or (None if running else why_retune(c.tuning.record(model), st))
+                record = None if running else c.tuning.record(model)  # read once: tune/<m>.json
+                why = why_tune(record, key, running) or (None if running else why_retune(record, st))
                 if why is None:
                     continue
                 c.tuning.start(st, self.options, trigger=f"auto: {why}")
