@@ -24,8 +24,9 @@ Loopback only by default (see packrat.commands.control).
     GET  /openapi.json                       the spec (no token; the same as docs/openapi.json)
     GET  /healthz                            200 while the tick loop goes round and TorchServe
                                              answers it, else 503 (no token: the liveness probe)
-    GET  /ui                                 the read-only status page (no token for the page
-                                             itself; it asks for the key and calls /v1/... with it)
+    GET  /ui                                 the status page, read-only but for a model's pin (no
+                                             token for the page itself; it asks for the key and
+                                             calls /v1/... with it)
 
 FastAPI's /docs and /redoc pages are off: they load their scripts from a CDN
 (unreachable offline, and a third-party script in the operator's browser) and
