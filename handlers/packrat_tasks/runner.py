@@ -124,8 +124,14 @@ def artifact_key_dir(model_dir: str, config: dict[str, Any], what: str,
     """The build-cache directory cached_artifact() uses for `what` (one keying, two callers)."""
     from packrat_tasks import build_cache
 
-    return build_cache.artifact_dir(model_dir, mode_name(config), threads,
-                                    {"what": what, "config": build_cache.config_digest(config)})
+    return build_cache.artifact_dir(model_dir, mode_name(config), threads, _artifact_extra(config, what))
+
+
+def _artifact_extra(config: dict[str, Any] | None, what: str) -> dict[str, Any]:
+    """The key beyond (archive, mode, threads) of `what` built for `config`."""
+    from packrat_tasks import build_cache
+
+    return {"what": what, "config": build_cache.config_digest(config)}
 
 
 def cached_artifact(runner: Runner, what: str, build: Callable[[Path], None],
@@ -143,11 +149,10 @@ def cached_artifact(runner: Runner, what: str, build: Callable[[Path], None],
         return None
     from packrat_tasks import build_cache
 
-    extra = {"what": what, "config": build_cache.config_digest(runner.config)}
     try:
         # Keyed as artifact_key_dir() keys it (runner.mode is mode_name(runner.config)).
         key_dir, hit = build_cache.cached_build(runner.model_dir, runner.mode, build, threads=threads,
-                                                extra=extra)
+                                                extra=_artifact_extra(runner.config, what))
     except OSError as exc:
         log.warning("build cache unusable for %s %s (%s): building without it", runner.mode, what, exc)
         runner.info.setdefault("build_cache", {})[what] = "off"
