@@ -57,10 +57,10 @@ def precision_name(config: dict[str, Any]) -> str:
     mode = ExecutionMode.from_config(config)
     if mode.precision not in PRECISIONS:
         raise PrecisionError(f"unknown packrat.precision {mode.precision!r}; known: {', '.join(PRECISIONS)}")
-    if mode.precision == "bf16w" and pairing_refusal(mode):
+    if mode.precision == "bf16w" and (why := pairing_refusal(mode)):
         # Here, not in each runtime: a graph runtime that does not know bf16w would
         # otherwise run it as fp32 under the bf16w name.
-        raise PrecisionError(f"{mode} is not offered: {pairing_refusal(mode)}")
+        raise PrecisionError(f"{mode} is not offered: {why}")
     return mode.precision
 
 

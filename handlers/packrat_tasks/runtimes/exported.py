@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
 
     from packrat_tasks.runner import Runner
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
