@@ -19,26 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from packrat.apply import versions
 from packrat.types import Instance, Plan
+from test_apply_versions import store  # noqa: F401 - the model store fixture
 
 HOUR = versions.STALE_TMP_S
-
-
-def _store(tmp_path: Path) -> Path:
-    base = tmp_path / "m"
-    (base / "MAR-INF").mkdir(parents=True)
-    (base / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(
-        {"runtime": "python", "model": {"modelName": "m", "modelVersion": "1.0",
-                                        "handler": "packrat_handler.py", "configFile": "model_config.yaml"}}))
-    config = {"minWorkers": 1, "maxWorkers": 1, "packrat": {"task": "noop"}}
-    (base / "model_config.yaml").write_text(yaml.safe_dump(config))
-    for name in ("a.bin", "b.bin", "packrat_handler.py"):
-        (base / name).write_bytes(b"\0" * 64)
-    return tmp_path
-
 
 PLAN = Plan(cores=1, batch=1, instances=(Instance(1, 1, 3.0),), predicted_latency_ms=3.0)
 
@@ -63,8 +49,7 @@ def _age(path: Path, seconds: float) -> None:
     os.utime(path, (t, t))
 
 
-def test_a_killed_creates_temp_dir_is_removed_by_a_later_create(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+def test_a_killed_creates_temp_dir_is_removed_by_a_later_create(store: Path) -> None:
     r = subprocess.run([sys.executable, "-c", KILLED_CREATE, str(store)], capture_output=True, timeout=120)
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     (left,) = store.glob(".m.p*.tmp-*")  # the killed create's half directory
