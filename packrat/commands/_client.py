@@ -12,10 +12,13 @@ from typing import Any
 
 import typer
 
+from packrat import settings
+from packrat.apply.keys import KEY_FILE_NAME
 from packrat.commands._options import setting_option
 
 API = setting_option("api_url")
-KEY_FILE = typer.Option(Path(".packrat/torchserve/key_file.json"), "--key-file",
+# In TorchServe's default working directory (`packrat torchserve start`, `make run`).
+KEY_FILE = typer.Option(settings.get("ts_workdir").default / KEY_FILE_NAME, "--key-file",
                         help="TorchServe's key_file.json (the management key is the controller's token)")
 
 
