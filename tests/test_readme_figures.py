@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 MARKED = re.compile(r"\*\*([^*]+)\*\*\s*\(\[[^\]]*\]\((docs/benchmarks/[^)#\s]+)(?:#[^)]*)?\)")
-FIGURE = re.compile(r"(\d+(?:\.\d+)?)(?:\s*(x|%|min|ms|s)\b)?")
+FIGURE = re.compile(r"(\d+(?:\.\d+)?)(?:\s*(x|%|min|ms|s)(?!\w))?")
 MEASURED_LOOKING = re.compile(r"\d+(?:\.\d+)?\s*(?:x\b|min\b|ms\b)")
 CPUS = ("EPYC", "Xeon")
 SUMMARY_SCRIPT = ROOT / "scripts" / "benchmark_summary.py"
@@ -40,7 +40,7 @@ def prose(text: str) -> str:
 
 def in_file(number: str, text: str, unit: str = "") -> bool:
     # 5.1 must not match inside 15.12 or 5.12: the number stands alone, then its unit.
-    tail = rf"\s*{re.escape(unit)}\b" if unit else r"(?![\d])"
+    tail = rf"\s*{re.escape(unit)}(?!\w)" if unit else r"(?![\d])"
     return re.search(rf"(?<![\d.]){re.escape(number)}(?!\.\d){tail}", text) is not None
 
 
@@ -92,6 +92,9 @@ def test_the_check_catches_a_figure_missing_from_its_source() -> None:
     assert in_file("11.4", (ROOT / link).read_text(), "min")
     assert not in_file("5.1", "5.12x and 15.1x")
     assert not in_file("5.5", "5.5 ms", "x") and in_file("5.5", "was 5.5x", "x")
+    # A unit that is no word character keeps its unit too ("\b" after "%" never matched).
+    assert FIGURE.findall("82 % and 5 s") == [("82", "%"), ("5", "s")]
+    assert in_file("82", "at 82 % of", "%") and not in_file("82", "82 ms", "%")
 
 
 def test_per_machine_summaries_are_current() -> None:
