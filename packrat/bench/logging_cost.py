@@ -13,10 +13,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from packrat.apply.swap import proc_cpu_ticks
 from packrat.bench.handler_code import handler_module
 from packrat.bench.loadgen import Target, closed_loop
 from packrat.bench.machine import describe_machine
 from packrat.bench.mode_runs import Results, build_archive, last_run, load_mode
+from packrat.bench.proc_cpu import comm, pids, tick_ms
 from packrat.server import RunningServer, start_torchserve
 from packrat import settings
 
@@ -26,16 +28,16 @@ CONFIGS = {"torchserve": "torchserve", "packrat": ""}  # PACKRAT_TS_LOG_CONFIG p
 def java_cpu_ms(workdir: Path) -> float:
     """CPU time of the JVM whose working directory is `workdir` (TorchServe's frontend)."""
     total = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in pids():
+        if "java" not in comm(pid):
+            continue
         try:
-            if "java" not in Path(f"/proc/{pid}/comm").read_text() or \
-                    os.readlink(f"/proc/{pid}/cwd") != str(workdir):
+            if os.readlink(f"/proc/{pid}/cwd") != str(workdir):
                 continue
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
         except OSError:
             continue
-    return total * 1000 / os.sysconf("SC_CLK_TCK")
+        total += proc_cpu_ticks(pid) or 0
+    return total * tick_ms()
 
 
 def log_bytes(workdir: Path) -> int:

@@ -39,18 +39,26 @@ def command_name(pid: int) -> str:
     return " ".join(filter(None, [Path(args[0]).name or comm(pid), script]))
 
 
+def pids() -> list[int]:
+    """Every process's id, as /proc lists them now."""
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def all_cpu_ticks() -> dict[int, int]:
+    """pid -> utime + stime ticks, for every process still there when its stat is read."""
+    return {pid: t for pid in pids() if (t := proc_cpu_ticks(pid)) is not None}
+
+
 def group_members(pgid: int) -> list[int]:
     """Live processes of process group `pgid` (a TorchServe started by packrat.server leads one)."""
     out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in pids():
         try:
-            rest = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # exited meanwhile
         if int(rest[2]) == pgid and rest[0] != "Z":
-            out.append(int(entry))
+            out.append(pid)
     return sorted(out)
 
 

@@ -27,6 +27,7 @@ from packrat.bench.handler_code import handler_module
 from packrat.bench.loadgen import ContinuousLoad, Sample, in_windows, latency_summary
 from packrat.bench.machine import describe_machine
 from packrat.bench.paths import BENCH_OUT
+from packrat.bench.proc_cpu import all_cpu_ticks
 from packrat.bench.swap_shapes import thin_and_fat
 from packrat.server import RunningServer, start_torchserve
 from packrat.types import Plan
@@ -82,16 +83,8 @@ class CpuSampler(threading.Thread):
 
     def run(self) -> None:
         while not self._done.is_set():
-            now, ticks = time.monotonic(), {}
-            for entry in os.listdir("/proc"):
-                if entry.isdigit():
-                    try:
-                        stat = Path(f"/proc/{entry}/stat").read_text()
-                        fields = stat[stat.rindex(")") + 2:].split()
-                        ticks[int(entry)] = int(fields[11]) + int(fields[12])  # utime + stime
-                    except (OSError, ValueError, IndexError):
-                        pass
-            self.samples.append((now, ticks))
+            now = time.monotonic()
+            self.samples.append((now, all_cpu_ticks()))
             self._done.wait(0.1)
 
     def stop(self) -> None:
