@@ -30,6 +30,7 @@ import yaml
 
 from packrat.archive import ArchiveOptions, build_named
 from serving_support import ControllerProcess, registered_with_controller, start_server
+from waiting import wait_until
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -99,14 +100,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _wait_tune(ctl: ControllerProcess) -> dict:
-    deadline = time.monotonic() + TUNE_TIMEOUT_S
-    tune = None
-    while time.monotonic() < deadline:
-        tune = ctl.get(f"/v1/models/{MODEL}/tune").json()["tune"]
-        if tune and tune.get("state") in ("done", "failed"):
-            return tune
-        time.sleep(0.5)
-    raise AssertionError(f"tune stuck: not finished within {TUNE_TIMEOUT_S} s: {tune}\n{ctl.log()}")
+    seen: list = [None]
+
+    def finished() -> dict | None:
+        seen[0] = tune = ctl.get(f"/v1/models/{MODEL}/tune").json()["tune"]
+        return tune if tune and tune.get("state") in ("done", "failed") else None
+
+    try:
+        return wait_until(finished, TUNE_TIMEOUT_S, "the tune to finish", step_s=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {seen[0]}\n{ctl.log()}") from None
 
 
 def _served_ms(session: requests.Session, url: str, headers: dict[str, str], body: bytes) -> float:
