@@ -92,14 +92,14 @@ def _predicted(plan: Plan) -> float | None:
 
 def choices(profile: Profile, cores: int, batch: int) -> list[Choice]:
     """Fat, the optimiser's plan and the best uniform thin shape (by the profile) at `batch`."""
-    fat = every_uniform_plan(cores, batch, profile)[0]
+    fat, *thins = every_uniform_plan(cores, batch, profile)
     out = [Choice("fat", batch, fat.shape, _predicted(fat))]
     try:
         opt = optimal_plan(profile, cores, batch)
         out.append(Choice("optimiser", batch, opt.shape, _predicted(opt)))
     except Exception as exc:  # noqa: BLE001 - a profile too sparse to plan from: say so, measure the rest
         print(f"scale: no optimiser plan at B={batch}: {exc}", file=sys.stderr)
-    thin = [p for p in every_uniform_plan(cores, batch, profile)[1:] if p.predicted_latency_ms > 0]
+    thin = [p for p in thins if p.predicted_latency_ms > 0]
     if thin:
         best = min(thin, key=lambda p: p.predicted_latency_ms)
         out.append(Choice("thin", batch, best.shape, _predicted(best)))
@@ -183,10 +183,11 @@ def run_model(model: str, settings: ScaleSettings, store: Path, core_ids: list[i
     all_choices = [c for b in settings.batches for c in choices(prof, cores, b)]
     rows: list[dict[str, Any]] = []
     log = settings.out / "scale-workers.log"
+    every_layout = layouts(all_choices)
     for rnd in range(settings.rounds):
         # Interleaved: every layout once per round, the order turned each round.
-        lays = layouts(all_choices)
-        lays = lays[rnd % len(lays):] + lays[:rnd % len(lays)]
+        turn = rnd % len(every_layout)
+        lays = every_layout[turn:] + every_layout[:turn]
         measured: dict[tuple[tuple[int, ...], int], list[float]] = {}
         for lay in lays:
             for b, per_instance in measure_layout(archive, lay, core_ids, settings.measure_s, log).items():
