@@ -50,7 +50,6 @@ SCENARIOS: dict[str, list[list[int]]] = {
 }
 WINDOWS_S = (10, 30, 60)
 LIVE_PHASES = ("create", "register", "ready", "set_default")  # until the new version serves
-CONTENT = ("same-plan", "gain-below-threshold")  # the policy keeps the running plan
 
 
 @dataclass(frozen=True)
