@@ -28,6 +28,7 @@ resumes from an estimate at most that old), and whatever is newer on a clean sto
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import os
@@ -109,6 +110,7 @@ class StateFiles:
         self._policy: dict[str, Any] | None = None  # the policy's state as last read or saved
         self._policy_written: tuple[str, str] = ("", "")  # (whole text, decision text) in the file
         self._policy_written_at = 0.0  # time.monotonic() of that write
+        self._pins: dict[str, Any] | None = None  # pins.json as last read or saved
 
     # -- locks -------------------------------------------------------------------
     def acquire(self, model_store: Path, holder: str) -> None:
@@ -184,7 +186,12 @@ class StateFiles:
 
     # -- operator pins ---------------------------------------------------------------
     def pins(self) -> dict[str, dict[str, Any]]:
-        return read_state(self.dir / PINS_FILE)
+        """A copy of the pins: read from the file once, then what was last saved (the controller
+        holds the state dir's lock: nothing else writes it; every tick asks per model)."""
+        if self._pins is None:
+            self._pins = read_state(self.dir / PINS_FILE)
+        return copy.deepcopy(self._pins)
 
     def save_pins(self, pins: dict[str, dict[str, Any]]) -> None:
         write_state(self.dir / PINS_FILE, pins)
+        self._pins = copy.deepcopy(pins)
