@@ -7,9 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-out/scale}
 mkdir -p "$OUT"
-for mod in scipy yaml PIL; do
-  if ! python -c "import $mod" 2>/dev/null; then
-    pip install --quiet --no-index --find-links device-wheels "$( [ $mod = yaml ] && echo pyyaml || ([ $mod = PIL ] && echo pillow || echo $mod))"
+for pair in scipy:scipy yaml:pyyaml PIL:pillow; do  # module:package
+  if ! python -c "import ${pair%%:*}" 2>/dev/null; then
+    pip install --quiet --no-index --find-links device-wheels "${pair#*:}"
   fi
 done
 lscpu > "$OUT/lscpu.txt" 2>&1 || true
