@@ -310,18 +310,13 @@ class _Run:
             for b in self.batches:
                 on_worker_event({"event": "omitted", "threads": t, "batch": b, "reason": "total budget exhausted"})
             return
-        job = {
-            "archive_dir": str(self.archive.directory),
-            "config": self.archive.config,
-            "threads": t,
-            "cores": self.cores[:t],
-            "batches": worker_batches(self.batches, self.settings.plan_batch, t, self.settings.cores),
-            "scope": self.settings.scope,
-            "rule": self.rule,
-            "budget_s": budget,
-            "sizes": dict(self.settings.sizes),
-        }
-        run_worker(job, on_worker_event, self.log)
+        run_worker({**self._job(t), "cores": self.cores[:t], "budget_s": budget}, on_worker_event, self.log)
+
+    def _job(self, t: int) -> dict[str, Any]:
+        """A t-thread worker's job, less its cores and budget (an isolated or a co-run one)."""
+        return {"archive_dir": str(self.archive.directory), "config": self.archive.config, "threads": t,
+                "batches": worker_batches(self.batches, self.settings.plan_batch, t, self.settings.cores),
+                "scope": self.settings.scope, "rule": self.rule, "sizes": dict(self.settings.sizes)}
 
     def _worker_event(self, t: int, event: dict[str, Any], bar: _Progress) -> None:
         if self.on_event is not None:
@@ -351,9 +346,6 @@ class _Run:
             # Shared like the isolated phase: in proportion to 1/t over the shapes left.
             weights = [1.0 / tt for _, tt in self.shapes[k:]]
             budget = max(0.0, remaining) * weights[0] / sum(weights)
-        base_job = {"archive_dir": str(self.archive.directory), "config": self.archive.config, "threads": t,
-                    "batches": worker_batches(self.batches, self.settings.plan_batch, t, self.settings.cores),
-                    "scope": self.settings.scope, "rule": self.rule, "sizes": dict(self.settings.sizes)}
 
         def on_corun(b: int, point: ProfilePoint | None, reason: str | None) -> None:
             self.corun_pending.discard((i, t, b))
@@ -368,7 +360,7 @@ class _Run:
             for b in self.batches:
                 on_corun(b, None, "total budget exhausted")
             return
-        _run_corun(i, t, self.cores, base_job, budget, on_corun, self.log)
+        _run_corun(i, t, self.cores, self._job(t), budget, on_corun, self.log)
 
 
 def corun_shapes(cores: int) -> list[tuple[int, int]]:
