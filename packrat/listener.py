@@ -54,8 +54,9 @@ def listener_uids(host: str, port: int, proc_net: Path = Path("/proc/net")) -> l
 
 
 def untrusted_listener(url: str) -> str | None:
-    """None if the management key may be sent to `url`; else why not (for a loopback URL:
-    nothing listens, or a socket there belongs to another user). Other hosts are not checked."""
+    """None if the management key may be sent to `url`; else why not (for a loopback URL: a
+    socket there belongs to another user, or /proc cannot say whose it is). Nothing listening
+    is None: the call then fails to connect as it would anyway. Other hosts are not checked."""
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
     try:
