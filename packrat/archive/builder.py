@@ -35,8 +35,8 @@ from packrat.modes import (
     TEXT_GENERATION,
     ExecutionMode,
     int8s_runtime_refusal,
-    pairing_refusal,
     int8s_task_refusal,
+    pairing_refusal,
     task_refusal,
 )
 
@@ -81,8 +81,8 @@ def _check(name: str, options: ArchiveOptions, task: str) -> None:
                            "(docs/modes.md)")
     if task_refusal(task, options.runtime):
         raise ArchiveError("text-generation runs eager only (the generation loop is not traced)")
-    if options.precision == "bf16w" and pairing_refusal(ExecutionMode(options.precision, options.runtime)):
-        raise ArchiveError(pairing_refusal(ExecutionMode(options.precision, options.runtime)))
+    if options.precision == "bf16w" and (why := pairing_refusal(ExecutionMode(options.precision, options.runtime))):
+        raise ArchiveError(why)
     for label, value in (("--batch-size", options.batch_size), ("--workers", options.workers)):
         if value < 1:
             raise ArchiveError(f"{label} must be >= 1, got {value}")
