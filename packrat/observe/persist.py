@@ -8,8 +8,8 @@ from dataclasses import asdict
 from typing import Any
 
 from packrat.observe.estimator import EstimatorState
-from packrat.observe.policy import Correction, PolicyState
-from packrat.types import Observation
+from packrat.observe.policy import PolicyState
+from packrat.types import Correction, Observation
 
 
 def estimator_state_to_json(state: EstimatorState) -> dict[str, Any]:
