@@ -324,21 +324,19 @@ def test_a_swap_records_phases_reach_the_controller_metrics() -> None:
     """packrat_swap_phase_seconds{model, phase} gets every phase, "ready" as its six parts
     (the names a dashboard uses). packrat_swaps_total, counted where a controller applies
     a swap: test_controller_api.py."""
-    from types import SimpleNamespace
-
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from packrat.control import _Metrics
+    from packrat.control.metrics import ControllerMetrics
     from packrat.types import SwapRecord
 
     registry = CollectorRegistry()
-    holder = SimpleNamespace(metrics=_Metrics(registry))
+    metrics = ControllerMetrics(registry)
     ready = (("worker_start", 1.0), ("model_load", 2.0), ("mode_build", 0.5), ("guard", 0.0),
              ("warmup", 0.1), ("ready_check", 0.1))
     phases = (("create", 0.01), ("register", 0.02), ("ready", 3.7), ("set_default", 0.01), ("drain", 2.0),
               ("retire", 0.05), ("unregister", 0.02))
     rec = SwapRecord("m", "p1", "p2", THIN, 0.0, outcome="applied", phases_s=phases, ready_phases_s=ready)
-    holder.metrics.observe_phases(rec)
+    metrics.observe_phases(rec)
     text = generate_latest(registry).decode()
     for name, seconds in [p for p in phases if p[0] != "ready"] + list(ready):
         assert f'packrat_swap_phase_seconds_count{{model="m",phase="{name}"}} 1.0' in text, name

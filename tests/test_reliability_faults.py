@@ -289,9 +289,9 @@ def test_the_restart_watch_leaves_the_swap_lock_alone_while_nothing_is_lost(stac
             def release(self) -> None:
                 self.lock.release()
 
-        c._swap_lock = CountingLock()  # type: ignore[assignment]
+        lock = c.swaps.lock = CountingLock()
         assert c.watch([VICTIM]) == []
-        assert c._swap_lock.taken == 0
+        assert lock.taken == 0
 
 
 def test_status_shows_the_running_swap_and_a_second_apply_gets_409(stack) -> None:

@@ -66,9 +66,7 @@ from packrat.types import Observation, Plan, Policy, SwapRecord
 __all__ = ["CORES_FILE", "DEFAULT_STATE_DIR", "HEALTH_STALE_MIN_S", "HEALTH_STALE_TICKS", "HISTORY_FILE",
            "LAST_PLANS_FILE", "POLICY_STATE_FILE", "STATE_LOCK_FILE", "STORE_LOCK_FILE", "AutoTuner",
            "Controller", "ControllerSettings", "ModelState", "ModelStatus", "ObservedLatency", "SwapTask",
-           "TuneOptions", "WorkerState", "_Metrics", "why_tune"]
-
-_Metrics = ControllerMetrics  # the name the tests know
+           "TuneOptions", "WorkerState", "why_tune"]
 
 
 class Controller:
@@ -107,15 +105,7 @@ class Controller:
         self.registry.register(self.ticker.traffic)  # type: ignore[arg-type]
         self.last_tick_at: float | None = None  # time.monotonic() the tick loop last went round
 
-    # The swap lock and the running swap live in self.swaps; these names are the controller's.
-    @property
-    def _swap_lock(self) -> Any:
-        return self.swaps.lock
-
-    @_swap_lock.setter
-    def _swap_lock(self, lock: Any) -> None:
-        self.swaps.lock = lock
-
+    # The swap lock and the running swap live in self.swaps.
     @property
     def running_swap(self) -> SwapRecord | None:
         return self.swaps.running
@@ -266,10 +256,6 @@ class Controller:
         a swap was started for (on the swap thread)."""
         return self.ticker.tick()
 
-    @property
-    def _unreachable(self) -> bool:
-        return self.ticker.unreachable
-
     def run(self, stop: threading.Event) -> None:
         """Tick until `stop` is set (the REST server runs beside it in another thread).
 
@@ -285,5 +271,5 @@ class Controller:
     def health(self) -> tuple[bool, dict[str, Any]]:
         """(healthy, body) for GET /healthz, without calling TorchServe (packrat.control.health)."""
         age = None if self.last_tick_at is None else time.monotonic() - self.last_tick_at
-        return _health.health(age, self.settings.tick_s, not self._unreachable, self.running_swap is not None,
+        return _health.health(age, self.settings.tick_s, not self.ticker.unreachable, self.running_swap is not None,
                               stale_min_s=HEALTH_STALE_MIN_S)
