@@ -448,7 +448,7 @@ def _turn(run: _Run, mode: str, label: str, share: float, first_turn: bool) -> t
                      duration_s=round(time.monotonic() - m_started, 1))
         return prof, False
     tracker.mode(mode, state="profiled", path=str(path), points=len(prof.points),
-                 omitted=len([o for o in prof.extra.get("omitted", [])]),
+                 omitted=len(prof.extra.get("omitted", [])),
                  duration_s=round(time.monotonic() - m_started, 1))
     return prof, False
 
