@@ -180,11 +180,9 @@ class Swaps:
         the URL of its default version, as TorchServe's list of models gave it this tick;
         a model whose default is the last swap's version needs no describe call.
         """
-        quick = default_urls or {}
         # Looked for without the swap lock: holding it for every tick's describe calls
         # would refuse an apply arriving meanwhile (BusyError) for no swap at all.
-        if not any(self._lost(model, entry) for model, entry in self.files.last_plans().items()
-                   if model in models and (entry.get("url") is None or quick.get(model) != entry.get("url"))):
+        if not any(self._lost(model, entry) for model, entry in self._unsure(models, default_urls)):
             return []
         # Acted on under the swap lock, checked again: a swap changes versions on purpose,
         # and one that ends between reading last-plans.json and acting must not be undone.
@@ -192,8 +190,8 @@ class Swaps:
             return []
         handed_over = False
         try:
-            for model, entry in self.files.last_plans().items():
-                if model not in models or not self._lost(model, entry):
+            for model, entry in self._unsure(models, default_urls):
+                if not self._lost(model, entry):
                     continue
                 self._reapply_after[model] = self.clock() + self.reapply_backoff_s
                 self.metrics.lost_versions.labels(model).inc()
@@ -210,6 +208,14 @@ class Swaps:
         finally:
             if not handed_over:
                 self._release()
+
+    def _unsure(self, models: Sequence[str],
+                default_urls: Mapping[str, str] | None) -> list[tuple[str, dict[str, Any]]]:
+        """(model, last-plans.json entry) of the `models` whose last swap's version may be lost: all
+        but those whose default version, as TorchServe listed it (`default_urls`), is that version."""
+        quick = default_urls or {}
+        return [(model, entry) for model, entry in self.files.last_plans().items()
+                if model in models and (entry.get("url") is None or quick.get(model) != entry.get("url"))]
 
     def _lost(self, model: str, entry: dict[str, Any]) -> bool:
         """The version of `model`'s last swap is not loaded, and its re-apply is not backing off."""
