@@ -61,7 +61,8 @@ MAX_ASPECT_RATIO = 20
 MAX_RESIZED_PIXELS = 1 << 21
 # packrat.max_decoded_pixels: the pixels a decoder holds at full size. A PNG has no
 # reduced decode and libjpeg buffers every coefficient of a progressive JPEG: a
-# 5000x5000 PNG took 127-143 ms of CPU (2-core EPYC) and ~100 MB; 2048x2048 ~40 ms.
+# 5000x5000 PNG decoded in 75 ms of CPU, a 2048x2048 RGBA one in 47-63 ms (2-core EPYC,
+# docs/benchmarks/decode-bounds-epyc.md).
 MAX_DECODED_PIXELS = 1 << 22
 JSON_ENVELOPE_BYTES = 4096  # a JSON body may exceed the base64 image by this much
 
