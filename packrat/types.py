@@ -332,16 +332,42 @@ class Correction:
 
     base: float = 1.0
     per_corunner: float = 0.0
-    base_samples: int = 0
+    base_samples: int = 0  # one-worker ratios in base
     corunner_samples: int = 0
     last_ratio: float | None = None  # observed / predicted of the active plan, last tick
+    # Multi-worker ratios folded into base while no one-worker plan had measured it
+    # (0 once one has: its first ratio replaces such a base).
+    pooled_samples: int = 0
 
     def factor(self, workers: int, min_samples: int = 0) -> float:
         """Expected observed/profiled latency of a plan with `workers` workers,
-        using only the parts measured at least `min_samples` times."""
-        base = self.base if self.base_samples >= min_samples else 1.0
-        pc = self.per_corunner if self.corunner_samples >= min_samples else 0.0
+        using only the parts measured at least `min_samples` times. per_corunner
+        counts only once base is measured on one-worker plans: contention is the
+        excess over what one worker alone shows, unknown until that is known."""
+        trusted = self.base_samples >= min_samples
+        base = self.base if trusted or self.pooled_samples >= min_samples else 1.0
+        pc = self.per_corunner if trusted and self.corunner_samples >= min_samples else 0.0
         return base * (1.0 + pc * max(workers - 1, 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire format in a decision line; pooled_samples only when there are any,
+        so lines of before write back the same bytes."""
+        out: dict[str, Any] = {"base": _r(self.base), "per_corunner": _r(self.per_corunner),
+                               "base_samples": self.base_samples,
+                               "corunner_samples": self.corunner_samples}
+        if self.pooled_samples:
+            out["pooled_samples"] = self.pooled_samples
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Correction:
+        """A decision line's correction (older lines lack pooled_samples: 0)."""
+        what = "decision correction"
+        return cls(base=float(_num(d, "base", what, 1.0)),
+                   per_corunner=float(_num(d, "per_corunner", what, 0.0)),
+                   base_samples=int(_num(d, "base_samples", what, 0)),
+                   corunner_samples=int(_num(d, "corunner_samples", what, 0)),
+                   pooled_samples=int(_num(d, "pooled_samples", what, 0)))
 
 
 @dataclass(frozen=True)
@@ -394,9 +420,7 @@ class Decision:
             "dwell_s": _r(self.dwell_s, 3),
             "observed_ms": _r(self.observed_ms),
             "latency_gap": _r(self.latency_gap),
-            "correction": {"base": _r(c.base), "per_corunner": _r(c.per_corunner),
-                           "base_samples": c.base_samples,
-                           "corunner_samples": c.corunner_samples},
+            "correction": c.to_dict(),
             "estimate": {"ready": e.ready, "idle": e.idle, "reset": e.reset, "step": e.step,
                          "concurrency": _r(e.concurrency), "ewma": _r(e.ewma), "rounded": e.rounded,
                          "request_rate": _r(e.request_rate),
@@ -425,10 +449,7 @@ class Decision:
                 "current_ms", "candidate_ms", "predicted_gain", "corrected_current_ms",
                 "corrected_candidate_ms", "corrected_gain", "observed_ms", "latency_gap", "dwell_s")},
             correction_changed_choice=bool(d.get("correction_changed_choice")),
-            correction=Correction(base=float(_num(corr, "base", "decision correction", 1.0)),
-                                  per_corunner=float(_num(corr, "per_corunner", "decision correction", 0.0)),
-                                  base_samples=int(_num(corr, "base_samples", "decision correction", 0)),
-                                  corunner_samples=int(_num(corr, "corunner_samples", "decision correction", 0))),
+            correction=Correction.from_dict(corr),
             estimate=Estimate(time_s=time_s, model=d["model"], batch=batch, ready=bool(est.get("ready")),
                               **_estimate_figures(est, "decision estimate")),
             estimate_stable_s=float(_num(d, "estimate_stable_s", "decision", 0.0)),

@@ -144,13 +144,15 @@ def test_same_plan_and_initial_plan() -> None:
 def test_correction_learns_the_gap_after_settling() -> None:
     # THIN8 (4 workers) runs at B=8, predicted 80 ms, observed 104 ms: ratio 1.3
     e = est(8, observed_ms=104.0)
-    state = replace(STABLE8, last_swap_s=0.0)
+    # a one-worker plan measured base 1.0 (10 ticks: trusted), so the gap is contention
+    measured = Correction(base=1.0, base_samples=10)
+    state = replace(STABLE8, last_swap_s=0.0, correction=measured)
     # t=10 < settle_s = 15 after the swap: not learned yet
     d, state = decide(state, ctx(10, e, THIN8, 80.0, THIN8))
-    assert d.latency_gap is None and state.correction == Correction()
+    assert d.latency_gap is None and state.correction == measured
     d, state = decide(state, ctx(16, e, THIN8, 80.0, THIN8))
     assert d.latency_gap == pytest.approx(0.3)  # 104/80 - 1
-    # base unknown (1.0): per co-runner = (1.3/1.0 - 1)/(4 - 1) = 0.1
+    # base 1.0: per co-runner = (1.3/1.0 - 1)/(4 - 1) = 0.1
     assert state.correction.per_corunner == pytest.approx(0.1)
     assert state.correction.factor(4) == pytest.approx(1.3)  # 1·(1 + 0.1·3)
     assert state.correction.factor(1) == 1.0
@@ -178,7 +180,7 @@ def test_correction_uses_service_time_when_queue_time_is_known() -> None:
 
 
 def test_correction_separates_shared_overhead_from_contention() -> None:
-    s = PolicySettings()
+    s = PolicySettings(min_correction_samples=1)  # one one-worker tick trusts base
     c = update_correction(Correction(), 1.1, workers=1, settings=s)
     assert c.base == pytest.approx(1.1)  # first sample taken as is
     # a 4-worker plan at ratio 1.43: (1.43/1.1 - 1)/3 = 0.1 per co-runner
@@ -190,14 +192,18 @@ def test_correction_separates_shared_overhead_from_contention() -> None:
     assert c.base == pytest.approx(1.11)
     # ratios are clamped to [1/4, 4], per co-runner to [-0.25, 0.5]
     assert update_correction(Correction(), 100.0, 1, s).base == 4.0
-    assert update_correction(Correction(), 3.0, 2, s).per_corunner == 0.5  # (3/1 - 1)/1 = 2 -> 0.5
+    assert update_correction(Correction(base_samples=1), 3.0, 2, s).per_corunner == 0.5  # (3/1 - 1)/1 = 2 -> 0.5
 
 
 def test_correction_is_used_only_once_measured_enough() -> None:
-    c = Correction(base=1.2, per_corunner=0.3, base_samples=9, corunner_samples=10)
-    # base has 9 < 10 samples: not used; per co-runner has 10: used
-    assert c.factor(3, min_samples=10) == pytest.approx(1.0 * (1 + 0.3 * 2))
+    c = Correction(base=1.2, per_corunner=0.3, base_samples=10, corunner_samples=9)
+    # base has 10 samples: used; per co-runner has 9 < 10: not used
+    assert c.factor(3, min_samples=10) == pytest.approx(1.2 * 1.0)
     assert c.factor(3) == pytest.approx(1.2 * 1.6)  # everything, when not asked to be picky
+    # per co-runner is contention only against a measured base: with base at 9 samples
+    # neither part is used, however often per co-runner was measured
+    young_base = replace(c, base_samples=9, corunner_samples=10)
+    assert young_base.factor(3, min_samples=10) == 1.0
     # so a young correction does not change the choice: profiles alone decide (swap)
     fat = plan(8, 1, 4, 8, 70.0)
     thin = plan(8, 4, 1, 2, 60.0)
@@ -210,7 +216,8 @@ def test_correction_turns_a_swap_into_no_swap() -> None:
     # fat 1 worker at 70 ms; thin 4 workers predicted 60 ms: raw gain 70/60-1 = 0.167 > 0.1
     fat = plan(8, 1, 4, 8, 70.0)
     thin = plan(8, 4, 1, 2, 60.0)
-    state = replace(STABLE8, correction=Correction(per_corunner=0.1, corunner_samples=10))
+    state = replace(STABLE8, correction=Correction(per_corunner=0.1, base_samples=10,
+                                                   corunner_samples=10))
     d, _ = decide(state, ctx(10, est(8), fat, 70.0, thin))
     # corrected: thin 60·1.3 = 78 ms, fat 70·1.0: gain 70/78 - 1 < 0
     assert d.predicted_gain == pytest.approx(70 / 60 - 1)
@@ -227,7 +234,8 @@ def test_correction_picks_another_candidate() -> None:
     thin16 = plan(16, 4, 1, 4, 90.0)
     fat16 = plan(16, 1, 4, 16, 100.0)
     state = PolicyState(seen_batch=16, seen_since_s=0.0,
-                        correction=Correction(per_corunner=0.1, corunner_samples=10))
+                        correction=Correction(per_corunner=0.1, base_samples=10,
+                                              corunner_samples=10))
     d, _ = decide(state, ctx(10, est(16), THIN8, 160.0, thin16, fat16))
     # profiles alone: thin16 (gain 160/90 - 1 = 0.78); corrected: thin16 90·1.3 = 117,
     # fat16 100·1.0 = 100 -> fat16, gain 160·1.3/100 - 1 = 1.08

@@ -66,8 +66,20 @@ contention. Candidates are compared with corrected latencies, so a large
 per_corunner can make the policy prefer fewer, fatter workers, or not swap at
 all; Decision.correction_changed_choice says when that happened and
 Decision.latency_gap reports observed/predicted - 1 of the active plan.
-Until a one-worker plan has been observed, base stays 1 and the whole gap of
-a multi-worker plan is booked as contention (one plan cannot tell them apart).
+
+A gap that cannot be told apart must not change the choice. A multi-worker
+plan's gap is shared overhead plus contention, in unknown parts; base is a
+factor of every plan, so it cancels in every comparison and gain. Hence:
+  - until a one-worker plan has been observed, a multi-worker ratio is folded
+    into base (pooled_samples counts them); the first one-worker ratio
+    replaces such a base (it carried the co-runners' contention);
+  - per_corunner is learned, and used, only against a trusted base
+    (base_samples >= min_correction_samples one-worker ticks); between the
+    first one-worker tick and then, multi-worker ratios teach nothing.
+Before this rule the whole gap was booked as contention against base = 1 (or a
+one-tick base), and a serving overhead shared by all plans made 2 workers
+look 1.5x slower than profiled: the policy swapped to one fat worker the
+profile predicted 25 % slower (docs/benchmarks/step-two-sleep.md).
 """
 
 from __future__ import annotations
@@ -168,12 +180,32 @@ def _since(state: PolicyState, ctx: PolicyContext) -> float | None:
 
 def update_correction(corr: Correction, ratio: float, workers: int,
                       settings: PolicySettings) -> Correction:
-    """Fold one observed/predicted ratio of a `workers`-worker plan into the correction."""
+    """Fold one observed/predicted ratio of a `workers`-worker plan into the correction
+    (module doc, "Contention"): a gap is booked as contention only against a base
+    measured on one-worker plans."""
     r = min(max(ratio, 1.0 / settings.max_ratio), settings.max_ratio)
     a = settings.correction_alpha
+    trusted = corr.base_samples >= settings.min_correction_samples
     if workers <= 1:
+        # The first one-worker ratio replaces a pooled base: that one carried co-runners.
         base = r if corr.base_samples == 0 else a * r + (1 - a) * corr.base
-        return replace(corr, base=base, base_samples=corr.base_samples + 1, last_ratio=r)
+        out = replace(corr, base=base, base_samples=corr.base_samples + 1, pooled_samples=0,
+                      last_ratio=r)
+        if not trusted and out.base_samples >= settings.min_correction_samples:
+            # per_corunner learned against an unmeasured base (a state written before
+            # this rule) would book shared overhead as contention: start it afresh.
+            out = replace(out, per_corunner=0.0, corunner_samples=0)
+        return out
+    if corr.base_samples == 0:
+        # No one-worker plan seen: overhead and contention cannot be told apart, so the
+        # gap goes to base, which every plan shares and so cannot change a choice.
+        base = r if corr.pooled_samples == 0 else a * r + (1 - a) * corr.base
+        return replace(corr, base=base, pooled_samples=corr.pooled_samples + 1, last_ratio=r)
+    if not trusted:
+        # A base from a few one-worker ticks is too young to measure contention against
+        # (step-two-sleep: one tick gave 0.44, and 1.5x became 0.5 per co-runner), and
+        # co-runners' ratios folded into it would hide the contention later.
+        return replace(corr, last_ratio=r)
     # Excess per co-runner implied by this plan, given what one worker alone shows.
     per = (r / corr.base - 1.0) / (workers - 1)
     pc = per if corr.corunner_samples == 0 else a * per + (1 - a) * corr.per_corunner
