@@ -7,12 +7,15 @@ docs/reliability.md it counts towards), a body and a Content-Type. Bodies stay
 below TorchServe's own 6.5 MB request limit, except the size probes, which sit
 just around a given limit; real images are kept small enough (`max_pixels`)
 that even uncompressed BMP in base64 stays under it; images claiming huge
-sizes are crafted headers, never allocated here.
+sizes are crafted headers, never allocated here. The campaign adds images at
+and past the shipped default limits (large_images(): up to 8000x8000 of cheap
+content, bodies padded to TorchServe's request limit and to 10 MiB).
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import json
 import struct
@@ -218,13 +221,100 @@ def image_bytes(draw, max_pixels: int) -> tuple[str, bytes]:
     return ("image" if damage == "none" else "image-damaged"), data
 
 
+# -- images at the shipped default limits (the campaign) ------------------------------
+# handlers/packrat_tasks/image.py's defaults: 25,000,000 pixels from the header, 10 MiB
+# encoded, aspect ratio 20:1, 4,194,304 pixels decoded at full size (PNG, progressive
+# JPEG). config.properties (`make run`, the campaign) sets no max_request_size, so
+# TorchServe's frontend refuses a body above 6,553,500 bytes before the handler's
+# 10 MiB can bind. Sizes around each of these, both orientations of the long ones.
+LARGE_SIZES = (
+    (5000, 5000),  # 25,000,000: at the pixel limit
+    (4999, 5001), (5001, 5000),  # one pixel row under, 5,000 pixels over
+    (6000, 4200), (8000, 8000),  # over (8000x8000 is also over PIL's 2x bomb check)
+    (22360, 1118), (1118, 22360),  # aspect 20.0, 24,998,480 pixels: both limits at once
+    (22400, 1100),  # aspect 20.4: refused for its shape
+    (2048, 2048), (2049, 2048),  # the full-size decode limit and one column over
+    (7000, 3500),
+)
+LARGE_FORMATS = ("JPEG", "JPEG-progressive", "PNG")
+LARGE_CONTENTS = ("flat", "gradient", "noise")
+REQUEST_LIMIT = 6_553_500  # TorchServe's default max_request_size
+IMAGE_BYTES_LIMIT = 10 * 1024 * 1024
+# Image lengths the padding aims at (± 64 bytes): a raw body at TorchServe's limit, a
+# base64 JSON body ({"image": "..."}, 13 bytes around it) at that limit, the 10 MiB limit.
+PAD_TARGETS = (REQUEST_LIMIT, (REQUEST_LIMIT - 13) * 3 // 4, IMAGE_BYTES_LIMIT)
+
+
+@functools.lru_cache(maxsize=32)  # each drawn once and reused: generating must not dominate the campaign
+def large_image(w: int, h: int, mode: str, fmt: str, content: str) -> bytes:
+    """A w x h image of cheap content (a flat colour, a gradient, a gradient with a
+    repeating 64x64 noise tile), encoded as `fmt` (one of LARGE_FORMATS)."""
+    import numpy as np
+
+    channels = () if mode == "L" else (3,)
+    if content == "flat":
+        pixels = np.full((h, w) + channels, 128, dtype=np.uint8)
+    else:
+        x = np.linspace(0, 255, w, dtype=np.float32).astype(np.uint8)[None, :]
+        y = np.linspace(0, 255, h, dtype=np.float32).astype(np.uint8)[:, None]
+        pixels = np.empty((h, w) + channels, dtype=np.uint8)
+        if channels:
+            pixels[..., 0], pixels[..., 1], pixels[..., 2] = x, y, x // 2 + y // 2
+        else:
+            pixels[...] = x // 2 + y // 2
+        if content == "noise":  # a tile: JPEG sizes grow with it, PNG's deflate still finds the repeats
+            tile = np.random.default_rng(w * h).integers(0, 24, (64, 64) + channels, dtype=np.uint8)
+            reps = (-(-h // 64), -(-w // 64)) + (1,) * len(channels)
+            pixels += np.tile(tile, reps)[:h, :w]
+    buf = io.BytesIO()
+    if fmt == "PNG":
+        Image.fromarray(pixels).save(buf, "PNG", compress_level=1)
+    else:
+        Image.fromarray(pixels).save(buf, "JPEG", progressive=fmt == "JPEG-progressive")
+    return buf.getvalue()
+
+
+def pad_to(data: bytes, size: int) -> bytes:
+    """`data` (a PNG or JPEG) grown to `size` bytes with ancillary data a decoder skips:
+    a private PNG chunk before IEND, JPEG comment segments after SOI. Returned as it is
+    when it is already that large or when the padding's own framing does not fit."""
+    missing = size - len(data)
+    if data.startswith(b"\x89PNG") and missing >= 12:
+        body = b"\x00" * (missing - 12)
+        chunk = struct.pack(">I", len(body)) + b"prVt" + body + struct.pack(">I", zlib.crc32(b"prVt" + body))
+        return data[:-12] + chunk + data[-12:]  # IEND is the last 12 bytes
+    if data.startswith(b"\xff\xd8") and missing >= 4:
+        count = -(-missing // 65537)  # a segment: 4 bytes of marker and length, up to 65533 of payload
+        q, r = divmod(missing - 4 * count, count)
+        segments = [b"\xff\xfe" + struct.pack(">H", n + 2) + b"\x00" * n for n in [q + 1] * r + [q] * (count - r)]
+        return data[:2] + b"".join(segments) + data[2:]
+    return data
+
+
+@st.composite
+def large_images(draw) -> tuple[str, bytes]:
+    """(kind, bytes): an image at or past the default limits, sometimes padded to a body limit or cut."""
+    w, h = draw(st.sampled_from(LARGE_SIZES))
+    data = large_image(w, h, draw(st.sampled_from(["RGB", "RGB", "L"])), draw(st.sampled_from(LARGE_FORMATS)),
+                       draw(st.sampled_from(LARGE_CONTENTS)))
+    if draw(st.booleans()):
+        data = pad_to(data, draw(st.sampled_from(PAD_TARGETS)) + draw(st.integers(-64, 64)))
+    if draw(st.integers(0, 4)) == 0:
+        return "image-large-damaged", data[: draw(st.integers(0, len(data)))]
+    return "image-large", data
+
+
 B64_JUNK = st.text(st.sampled_from("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_ \n.:;é"),
                    max_size=200)
 
 
 @st.composite
-def image_requests(draw, max_pixels: int) -> Fuzz:
-    kind, data = draw(image_bytes(max_pixels))
+def image_requests(draw, max_pixels: int, large: bool = False) -> Fuzz:
+    """An image request; with `large`, a third of them from large_images()."""
+    if large and draw(st.integers(0, 2)) == 0:
+        kind, data = draw(large_images())
+    else:
+        kind, data = draw(image_bytes(max_pixels))
     how = draw(st.sampled_from(["raw", "raw", "base64", "base64-mangled", "base64-junk"]))
     if how == "raw":
         return Fuzz(kind, data, draw(st.sampled_from([None, "image/png", "image/jpeg", "application/octet-stream"])))
@@ -243,7 +333,8 @@ def image_requests(draw, max_pixels: int) -> Fuzz:
     obj: dict = {"image": encoded}
     if draw(st.booleans()):
         obj["top_k"] = draw(st.one_of(st.integers(-3, 15), JSON_VALUES))
-    return Fuzz("base64" if how == "base64" and kind == "image" else "base64-bad", _dump(obj, True),
+    b64_kind = "base64" if how == "base64" and kind in ("image", "image-large") else "base64-bad"
+    return Fuzz(b64_kind + ("-large" if kind.startswith("image-large") else ""), _dump(obj, True),
                 draw(JSON_TYPES))
 
 
@@ -252,10 +343,12 @@ TEXT_FIELDS = {"text": TEXTS}
 GENERATION_FIELDS = {"text": TEXTS, "max_new_tokens": st.one_of(st.integers(-5, 40), st.integers())}
 
 
-def requests_for(task: str, body_limit: int = 1 << 20, max_pixels: int = 1_000_000) -> st.SearchStrategy[Fuzz]:
+def requests_for(task: str, body_limit: int = 1 << 20, max_pixels: int = 1_000_000,
+                 large: bool = False) -> st.SearchStrategy[Fuzz]:
     """Fuzzed requests for one task. `body_limit`: its handler's body limit (the size
-    probes aim there); `max_pixels`: the largest real image drawn (1,000,000 as
-    base64 BMP is 4 MB, under TorchServe's 6.5 MB request limit)."""
+    probes aim there); `max_pixels`: the largest image of any mode and format drawn
+    (1,000,000 as base64 BMP is 4 MB, under TorchServe's 6.5 MB request limit);
+    `large`: images at and past the default limits too (large_images())."""
     common = [raw_bytes(), any_json(), nested_json(), huge_numbers(), big_bodies(body_limit), form_bodies()]
     if task == "noop":
         return st.one_of(*common, raw_text())
@@ -264,7 +357,7 @@ def requests_for(task: str, body_limit: int = 1 << 20, max_pixels: int = 1_000_0
     if task == "text-generation":
         return st.one_of(*common, raw_text(), json_bodies(GENERATION_FIELDS))
     if task == "image-classification":
-        images = image_requests(max_pixels)
+        images = image_requests(max_pixels, large)
         return st.one_of(*common, images, images, images)
     raise ValueError(task)
 

@@ -1,7 +1,9 @@
 """The fuzz campaign (scripts/fuzz_inputs.py says what is sent and counted): fuzzed
 requests of every task through a real TorchServe, three fuzzed beside one good request per
 group so fuzz shares batches with good input, two groups in flight; then form-declared
-bodies that TorchServe's frontend decodes itself, counted apart.
+bodies that TorchServe's frontend decodes itself, counted apart. The archives keep the
+shipped default limits (checked, and recorded in the result with TorchServe's request
+limit), and the workers' resident memory is read before and after.
 """
 
 from __future__ import annotations
@@ -16,18 +18,27 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
+import yaml
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from packrat.archive import ArchiveOptions, build_named
 from packrat.bench.fuzz import DOCUMENTED, FORM_TYPES, TASKS, Fuzz, good_request, requests_for  # shared with the CI fuzz test
+from packrat.bench.handler_code import handler_module
 from packrat.bench.machine import describe_machine
+from packrat.bench.mode_runs import rss_mb
 from packrat.bench.stats import percentile
 from packrat.server import RunningServer, start_torchserve
 
 # TorchServe's frontend refuses bodies above max_request_size (6553500 bytes by
-# default) with an empty 413 before any worker sees them.
+# default; config.properties, which `make run` and the campaign use, keeps it) with an
+# empty 413 before any worker sees them.
 FRONTEND_MAX_BYTES = 6_553_500
+# Image limits an archive may override in its packrat: section (image.py); the campaign's
+# archives must set none of them.
+IMAGE_LIMITS = {"max_image_bytes": "MAX_IMAGE_BYTES", "max_image_pixels": "MAX_IMAGE_PIXELS",
+                "max_aspect_ratio": "MAX_ASPECT_RATIO", "max_resized_pixels": "MAX_RESIZED_PIXELS",
+                "max_decoded_pixels": "MAX_DECODED_PIXELS", "max_body_bytes": None}
 BATCH = 4  # per version; each group: 3 fuzzed + 1 good request
 GROUPS = 2  # groups in flight at once
 ARCHIVES = {  # task -> (architecture, archive options): shipped default limits
@@ -62,9 +73,15 @@ class Campaign:
         self.rounds = 0
         self.pids = {task: self.worker_pids(model) for task, model in models.items()}
         self.restarts: list[dict] = []
+        self.loads: list[float] = []  # 1-minute load average at each worker check
+        self.rss_start = self.worker_rss()
 
     def worker_pids(self, model: str) -> list[int]:
         return [w["pid"] for w in self.server.management_client().describe(model)["workers"]]
+
+    def worker_rss(self) -> dict[str, list]:
+        """task -> [resident MiB, peak resident MiB] of its (first) worker."""
+        return {task: rss_mb(pids[0]) if pids else None for task, pids in self.pids.items()}
 
     def post(self, model: str, kwargs: dict) -> tuple[int, str, float]:
         headers = dict(self.headers, **kwargs.get("headers", {}))
@@ -130,6 +147,7 @@ class Campaign:
         return True
 
     def check_workers(self) -> None:
+        self.loads.append(round(os.getloadavg()[0], 1))
         for task, model in self.models.items():
             now = self.worker_pids(model)
             if now != self.pids[task]:
@@ -138,7 +156,7 @@ class Campaign:
                 self.pids[task] = now
 
     def run(self, target: int, first_seed: int) -> None:
-        strategies = {task: requests_for(task, BODY_LIMITS.get(task, 1 << 20), max_pixels=1_000_000)
+        strategies = {task: requests_for(task, BODY_LIMITS.get(task, 1 << 20), max_pixels=1_000_000, large=True)
                       for task in TASKS}
         round_seed = first_seed
         while self.submitted < target:  # hypothesis may stop a run early; go on with the next seed
@@ -195,6 +213,7 @@ def run_campaign(inputs: int, first_seed: int, frontend_probes: int, workdir: Pa
         build_named(arch, store, models[task], options)
     server = start_torchserve(store, workdir / "ts", slot_dir=workdir / "slots")
     try:
+        limits = limits_in_force(store, models, server.config_path)
         for model in models.values():
             server.register(model)
         load_before = os.getloadavg()
@@ -202,6 +221,7 @@ def run_campaign(inputs: int, first_seed: int, frontend_probes: int, workdir: Pa
         campaign = Campaign(server, models)
         campaign.run(inputs, first_seed)
         duration = time.time() - started
+        rss_end = campaign.worker_rss()
         restarts_in_campaign = len(campaign.restarts)
         frontend = campaign.frontend_probes(frontend_probes, first_seed)
         frontend["worker_restarts"] = len(campaign.restarts) - restarts_in_campaign
@@ -212,10 +232,15 @@ def run_campaign(inputs: int, first_seed: int, frontend_probes: int, workdir: Pa
         "command": command,
         "cpu": f"{describe_machine().cpu}, {os.cpu_count()} cores",
         "load_average_before_after": [round(load_before[0], 1), round(load_after[0], 1)],
+        "load_average_sampled_min_max": [min(campaign.loads), max(campaign.loads)],
         "torch": __import__("torch").__version__,
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "duration_s": round(duration, 1),
         "seed": first_seed,
+        "limits": limits,
+        # [resident, peak resident] MiB of each task's worker after registration and after the
+        # campaign (before the form probes): what the fuzzed batches added to the peak.
+        "worker_rss_mb": {"start": campaign.rss_start, "end": rss_end},
         **_counted(campaign, restarts_in_campaign),
         "frontend_form_probes": frontend,
         "latency_s_by_kind": {k: {"p50": round(percentile(v, 50), 3), "p99": round(percentile(v, 99), 3),
@@ -224,6 +249,22 @@ def run_campaign(inputs: int, first_seed: int, frontend_probes: int, workdir: Pa
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def limits_in_force(store: Path, models: dict[str, str], config_path: Path) -> dict:
+    """The request and image limits the campaign runs at; refuses archives that override an
+    image limit or a TorchServe config that moves max_request_size (not the defaults)."""
+    for task, model in models.items():
+        section = yaml.safe_load((store / model / "model_config.yaml").read_text()).get("packrat") or {}
+        overridden = sorted(set(section) & set(IMAGE_LIMITS))
+        if overridden:
+            raise ValueError(f"{model}: overrides {overridden}; the campaign runs at the shipped defaults")
+    properties = config_path.read_text()
+    if "max_request_size" in properties:
+        raise ValueError(f"{config_path} sets max_request_size; the campaign runs at TorchServe's default")
+    image = handler_module("packrat_tasks.image")
+    return {"torchserve_max_request_size": FRONTEND_MAX_BYTES,
+            "image": {key: getattr(image, name) for key, name in IMAGE_LIMITS.items() if name}}
 
 
 def _counted(campaign: Campaign, restarts_in_campaign: int) -> dict:
@@ -265,4 +306,7 @@ def report(result: dict) -> str:
                      + " | ".join(str(statuses.get(s, 0)) for s in sorted(totals)) + f" | {lat['p99']} / {lat['max']} |")
     lines.append(f"\nform-declared bodies (TorchServe's frontend, counted apart): {frontend['content_types']}, "
                  f"{frontend['worker_restarts']} worker restarts")
+    if "worker_rss_mb" in result:  # results before the default-limit campaign lack these
+        lines.append(f"limits: {result['limits']}\nworker [RSS, peak RSS] MiB, start: "
+                     f"{result['worker_rss_mb']['start']}\nend: {result['worker_rss_mb']['end']}")
     return "\n".join(lines)
