@@ -21,7 +21,11 @@ import io
 from hypothesis import example, find, given, settings
 from PIL import Image
 
-from packrat.bench.fuzz import DOCUMENTED, Fuzz, good_request, image_bytes, requests_for
+from packrat.bench.fuzz import (
+    DOCUMENTED, LARGE_FORMATS, LARGE_SIZES, PAD_TARGETS, Fuzz, good_request, image_bytes, large_image, pad_to,
+    requests_for,
+)
+from packrat.bench.handler_code import handler_module
 from serving_support import ensure_registered, predict, predict_together, worker_pids
 
 pytestmark = pytest.mark.torchserve
@@ -101,3 +105,28 @@ def test_image_strategy_draws_readable_images() -> None:
     kind, data = find(image_bytes(200_000), lambda drawn: drawn[0] == "image" and _readable(drawn[1]),
                       settings=settings(max_examples=500, database=None))
     assert kind == "image" and _readable(data)
+
+
+def test_large_sizes_straddle_the_shipped_image_limits() -> None:
+    """The campaign's large images (scripts/fuzz_inputs.py) sit on both sides of each
+    default limit of image.py, so a change of a default shows here."""
+    image = handler_module("packrat_tasks.image")
+    pixels = [w * h for w, h in LARGE_SIZES]
+    aspects = [max(w, h) / min(w, h) for w, h in LARGE_SIZES]
+    assert image.MAX_IMAGE_PIXELS in pixels and max(pixels) > 2 * image.MAX_IMAGE_PIXELS  # PIL's bomb check too
+    assert any(image.MAX_IMAGE_PIXELS - 10_000 < p <= image.MAX_IMAGE_PIXELS and a == image.MAX_ASPECT_RATIO
+               for p, a in zip(pixels, aspects))
+    assert any(a > image.MAX_ASPECT_RATIO for a in aspects)
+    assert image.MAX_DECODED_PIXELS in pixels and image.MAX_DECODED_PIXELS + 2048 in pixels
+    assert image.MAX_IMAGE_BYTES in PAD_TARGETS
+
+
+@pytest.mark.parametrize("fmt", LARGE_FORMATS)
+def test_padded_large_images_hit_the_body_limit_and_still_open(fmt: str) -> None:
+    for size in (PAD_TARGETS[0] - 64, PAD_TARGETS[0] + 3):
+        data = pad_to(large_image(2048, 2048, "L", fmt, "noise"), size)
+        assert len(data) == size
+        with Image.open(io.BytesIO(data)) as img:
+            img.draft(None, (256, 256))
+            img.load()
+            assert img.format == fmt.split("-")[0] and img.size[0] >= 256
