@@ -9,9 +9,14 @@ measured in one run, interleaved over --rounds rounds:
 - served: through TorchServe with the plan live (the controller's live-plan swap), C
   closed-loop clients (default: the plan's load batch), and the CPU time per request of
   every process (each worker, the frontend JVM, the rest of TorchServe's process group,
-  the controller when --controller-pid names one, this client) read from /proc.
+  the controller when --controller-pid names one, this client) read from /proc;
+- peer: the same clients and windows against the same archive served by LitServe (the
+  bench-only extra: pip install -e '.[peer]'), one pinned worker per plan worker, and
+  the CPU per request of its processes; skipped, with a line saying so, without litserve
+  or with --no-peer.
 
-Prints served/handler and handler/raw, p50/p99 at each, and the per-process CPU table;
+Prints served/handler, handler/raw and served/peer, p50/p99 at each, and the per-process
+CPU tables;
 writes <out>/results.jsonl (rows as they land) and <out>/summary.md (the machine named).
 
     python scripts/bench_efficiency.py --model resnet50 --mode fp32-eager --plan '2x(t1,b4)' \\
@@ -38,9 +43,10 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=None, help="closed-loop clients (default: sum of caps)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0, help="each raw and handler point")
-    parser.add_argument("--served-s", type=float, default=20.0, help="each served window")
-    parser.add_argument("--warm-s", type=float, default=60.0, help="served load before the first round")
-    parser.add_argument("--rewarm-s", type=float, default=3.0, help="served load before each round's window")
+    parser.add_argument("--served-s", type=float, default=20.0, help="each served (and peer) window")
+    parser.add_argument("--warm-s", type=float, default=60.0, help="served (and peer) load before the first round")
+    parser.add_argument("--rewarm-s", type=float, default=3.0, help="served (and peer) load before each window")
+    parser.add_argument("--no-peer", action="store_true", help="leave out the peer level (LitServe)")
     parser.add_argument("--max-length", type=int, default=None, help="text models: payload tokens")
     parser.add_argument("--controller-pid", type=int, default=None, help="a running controller to read too")
     parser.add_argument("--out", type=Path, default=Path("bench-out/efficiency"))
@@ -52,8 +58,9 @@ def main() -> int:
     settings = EfficiencySettings(
         model=args.model, out=args.out, mode=args.mode, plan=args.plan, clients=args.clients, rounds=args.rounds,
         seconds=args.seconds, served_s=args.served_s, warm_s=args.warm_s, rewarm_s=args.rewarm_s,
-        max_length=args.max_length, controller_pid=args.controller_pid, command=" ".join(sys.argv))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run_efficiency's finally stops its TorchServe
+        max_length=args.max_length, controller_pid=args.controller_pid, peer=not args.no_peer,
+        command=" ".join(sys.argv))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run_efficiency's finally stops its servers
     print(run_efficiency(settings).read_text(), end="")
     return 0
 

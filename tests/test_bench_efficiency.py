@@ -1,5 +1,5 @@
-"""The efficiency benchmark (issue 35 item 1): raw, handler and served figures of one model,
-mode, plan and payload in one run, and the CPU time of every process per served request."""
+"""The efficiency benchmark (issue 35 item 1): raw, handler, served and peer (LitServe) figures
+of one model, mode, plan and payload in one run, and the CPU time of every process per request."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from packrat.bench.efficiency import EfficiencySettings, core_blocks, level_row, parse_plan, run_efficiency
-from packrat.bench.efficiency_report import last_run, summarise
+from packrat.bench.efficiency_report import last_run, render, summarise
+from packrat.bench.peer import peer_missing
 from packrat.bench.machine import describe_machine
 from packrat.bench.proc_cpu import CpuWindow, command_name, group_members
 from packrat.errors import ConfigError
@@ -81,27 +83,42 @@ def test_command_name_says_which_module_or_script_a_python_runs(tmp_path: Path) 
     assert names == ["waiter", f"{Path(sys.executable).name} waiter.py"]
 
 
-@pytest.mark.torchserve
-@pytest.mark.slow
-def test_efficiency_on_a_tiny_model_every_row_positive_and_ratios_are_quotients(tmp_path: Path) -> None:
-    two = len(os.sched_getaffinity(0)) >= 2
-    plan = "2x(t1,b2)" if two else "1x(t1,b2)"
-    s = EfficiencySettings(model="tiny-bert", out=tmp_path, mode="fp32-eager", plan=plan, rounds=2,
+TWO = len(os.sched_getaffinity(0)) >= 2
+WORKERS = 2 if TWO else 1
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, list[dict[str, Any]]]:
+    """One short run on tiny-bert (the peer level too when litserve is installed):
+    its directory, summary.md and the rows of results.jsonl."""
+    out = tmp_path_factory.mktemp("efficiency")
+    s = EfficiencySettings(model="tiny-bert", out=out, mode="fp32-eager", plan=f"{WORKERS}x(t1,b2)", rounds=2,
                            seconds=0.6, served_s=1.5, warm_s=2.0, rewarm_s=0.5, max_length=8, command="test")
     summary_md = run_efficiency(s).read_text()
-    rows = last_run(tmp_path / "results.jsonl")
+    return out, summary_md, last_run(out / "results.jsonl")
+
+
+@pytest.mark.torchserve
+@pytest.mark.slow
+def test_efficiency_on_a_tiny_model_every_row_positive_and_ratios_are_quotients(
+        tiny_run: tuple[Path, str, list[dict[str, Any]]]) -> None:
+    _, summary_md, rows = tiny_run
+    peer = [] if peer_missing() else ["peer"]
     kinds = [r["kind"] for r in rows]
     assert kinds[:2] == ["run", "swap"] and kinds[-1] == "summary"
-    assert kinds[2:-1] == ["raw", "handler", "served"] * 2  # interleaved, round by round
+    rounds = [r for r in rows if "round" in r]
+    assert [r["kind"] for r in rounds] == ["raw", "handler", "served", *peer] * 2  # interleaved, round by round
     assert [r["round"] for r in rows if r["kind"] == "served"] == [1, 2]
-    workers = 2 if two else 1
-    for r in rows[2:-1]:
+    workers = WORKERS
+    for r in rounds:
         for figure in ("items_per_s", "p50_ms", "p99_ms", "cpu_ms_per_item"):
             assert r[figure] > 0, (r["kind"], figure, r[figure])
-        if r["kind"] != "served":
+        if r["kind"] not in ("served", "peer"):
             assert len(r["instances"]) == workers and all(i["batch"] == 2 for i in r["instances"])
             continue
         assert r["clients"] == 2 * workers and r["load"]["errors"] == 0 and r["requests"] >= 10
+        if r["kind"] == "peer":
+            continue  # checked by test_efficiency_peer_level_serves_the_same_archive_through_litserve_pinned
         cpu = r["cpu"]
         labels = [k for k in cpu if k.startswith("worker ")]
         assert len(labels) == workers
@@ -116,9 +133,50 @@ def test_efficiency_on_a_tiny_model_every_row_positive_and_ratios_are_quotients(
     assert summary["levels"]["served"]["items_per_s"] == med["served"]
     assert summary["ratios"]["served/handler"] == pytest.approx(med["served"] / med["handler"], rel=1e-12)
     assert summary["ratios"]["handler/raw"] == pytest.approx(med["handler"] / med["raw"], rel=1e-12)
-    assert summarise(rows) == {k: v for k, v in summary.items() if k in ("levels", "ratios", "cpu")}
+    assert summarise(rows) == {k: v for k, v in summary.items() if k in ("levels", "ratios", "cpu", "peer_cpu")}
     assert f"served/handler = {med['served'] / med['handler']:.3f}" in summary_md
     assert f"handler/raw = {med['handler'] / med['raw']:.3f}" in summary_md
     assert describe_machine().cpu in summary_md and "| frontend JVM |" in summary_md
+    if not peer:  # the run said why it has no peer level, and the summary does too
+        assert rows[0]["peer_skipped"] == peer_missing() and f"| peer | skipped: {peer_missing()} |" in summary_md
     # The TorchServe it started is gone.
     assert group_members(rows[1]["torchserve_pgid"]) == []
+
+
+@pytest.mark.torchserve
+@pytest.mark.slow
+def test_efficiency_peer_level_serves_the_same_archive_through_litserve_pinned(
+        tiny_run: tuple[Path, str, list[dict[str, Any]]]) -> None:
+    if missing := peer_missing():
+        pytest.skip(f"the peer level needs the bench-only `peer` extra: {missing}")
+    out, summary_md, rows = tiny_run
+    ready = next(r for r in rows if r["kind"] == "peer_ready")
+    assert ready["server"] == "litserve 0.2.19"
+    # One worker per plan worker, each pinned to its own block of the run's cores, one torch thread.
+    blocks = rows[0]["cores"]
+    assert [w["cores"] for w in ready["workers"]] == blocks
+    for w, block in zip(ready["workers"], blocks):
+        assert w["observed"]["cpus_allowed_list"] == ",".join(map(str, block)) and w["observed"]["torch_threads"] == 1
+    peer_rows = [r for r in rows if r["kind"] == "peer"]
+    assert [r["round"] for r in peer_rows] == [1, 2]
+    for r in peer_rows:
+        cpu = r["cpu"]
+        labels = [k for k in cpu if k.startswith("peer worker ")]
+        assert len(labels) == WORKERS
+        for label in [*labels, "peer HTTP server 1 (uvicorn)", "client (the load generator, this process)"]:
+            assert cpu[label]["cpu_ms"] > 0, (label, cpu)
+        pids = {v["pid"] for k, v in cpu.items() if k.startswith("peer worker ")}
+        assert pids == {w["pid"] for w in ready["workers"]}
+        assert r["cpu_ms_per_item"] == pytest.approx(
+            sum(v["cpu_ms"] for v in cpu.values() if v["cpu_ms"] is not None) / r["requests"], abs=1e-3)
+    summary = rows[-1]
+    med = {k: statistics.median(r["items_per_s"] for r in rows if r["kind"] == k) for k in ("served", "peer")}
+    assert summary["ratios"]["served/peer"] == pytest.approx(med["served"] / med["peer"], rel=1e-12)
+    assert f"served/peer = {med['served'] / med['peer']:.3f}" in summary_md
+    assert "| peer worker 1 (cores" in summary_md
+    # A run without the peer level renders it as skipped, with the reason the run gave.
+    run = {**rows[0], "peer_skipped": "not asked for (--no-peer)"}
+    md = render([run, *(r for r in rows[1:-1] if r["kind"] not in ("peer", "peer_ready"))])
+    assert "| peer | skipped: not asked for (--no-peer) |" in md and "served/peer = n/a" in md
+    # The peer's process group is gone.
+    assert group_members(ready["pgid"]) == []

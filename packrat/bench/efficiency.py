@@ -11,10 +11,13 @@ measured three ways side by side in one run, interleaved over R rounds:
                  the plan live by the controller's live-plan swap (Controller.apply, as
                  packrat.bench.run does); CPU time of every process over the measured
                  window from /proc (packrat.bench.proc_cpu)
+        peer     the same clients and window against the same archive served by one lean
+                 peer server, LitServe (packrat.bench.peer; the bench-only `peer` extra),
+                 one pinned worker per plan worker; skipped, once said, without litserve
 
 Each figure is a throughput in items per second (a served request is one item; a raw
 or handler call of batch b is b items), with p50/p99 (raw and handler: per batch call;
-served: per request) and CPU milliseconds per item. Rows go to <out>/results.jsonl as
+served and peer: per request) and CPU milliseconds per item. Rows go to <out>/results.jsonl as
 they land; packrat.bench.efficiency_report reads only that file.
 """
 
@@ -26,15 +29,19 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from packrat.bench.loadgen import Target, closed_loop
+from packrat.bench.loadgen import LoadResult, Target, closed_loop
 from packrat.bench.results import ResultLog
 from packrat.errors import ConfigError, ProfileError
 from packrat.modes import ExecutionMode
 from packrat.types import Plan
+
+if TYPE_CHECKING:
+    from packrat.bench.peer import PeerServer
 
 # The profiler's stop rule made a fixed-duration one: a CI this narrow is never reached,
 # so every point runs for its whole budget and the rounds stay comparable.
@@ -56,6 +63,7 @@ class EfficiencySettings:
     rewarm_s: float = 3.0  # served load, not measured, before every round's window
     max_length: int | None = None  # text models: the payload's tokens (None: the archive's)
     controller_pid: int | None = None  # a running controller whose CPU to read too
+    peer: bool = True  # the peer level too (LitServe, when installed)
     command: str = ""
 
 
@@ -202,27 +210,76 @@ class Served:
 
     def measure(self) -> dict[str, Any]:
         """One served window: C clients for served_s, every process's CPU over it."""
-        from packrat.bench.proc_cpu import CpuWindow
         from packrat.bench.run import server_side
 
         self.load(self.s.rewarm_s)
         obs0 = self.ctl.observe(self.model)  # scrapes outside the CPU window
-        window = CpuWindow.start(self.processes())
-        res = self.load(self.s.served_s)
-        cpu = window.stop()
+        row = measure_window(self.load, self.processes(), self.s.served_s, self.clients)
         obs1 = self.ctl.observe(self.model)
-        sent = res.ok + res.errors
-        for row in cpu.values():
-            row["ms_per_request"] = None if row["cpu_ms"] is None else round(row["cpu_ms"] / max(1, sent), 4)
-            row["cores"] = None if row["cpu_ms"] is None else round(row["cpu_ms"] / 1000.0 / res.duration_s, 3)
-        known = [r["cpu_ms"] for r in cpu.values() if r["cpu_ms"] is not None]
-        return {"clients": self.clients, "load": res.summary(), "requests": sent,
-                "items_per_s": round(res.throughput_rps, 3), "p50_ms": res.p50_ms, "p99_ms": res.p99_ms,
-                "cpu_ms_per_item": round(sum(known) / max(1, sent), 4), "cpu": cpu,
-                "server": server_side(obs0, obs1)}
+        return {**row, "server": server_side(obs0, obs1)}
 
     def stop(self) -> None:
         self.server.stop()
+
+
+def measure_window(load: Callable[[float], LoadResult], labels: dict[int, str], seconds: float,
+                   clients: int) -> dict[str, Any]:
+    """`load` for `seconds`, and the CPU time of every labelled process over that window."""
+    from packrat.bench.proc_cpu import CpuWindow
+
+    window = CpuWindow.start(labels)
+    res = load(seconds)
+    cpu = window.stop()
+    sent = res.ok + res.errors
+    for row in cpu.values():
+        row["ms_per_request"] = None if row["cpu_ms"] is None else round(row["cpu_ms"] / max(1, sent), 4)
+        row["cores"] = None if row["cpu_ms"] is None else round(row["cpu_ms"] / 1000.0 / res.duration_s, 3)
+    known = [r["cpu_ms"] for r in cpu.values() if r["cpu_ms"] is not None]
+    return {"clients": clients, "load": res.summary(), "requests": sent,
+            "items_per_s": round(res.throughput_rps, 3), "p50_ms": res.p50_ms, "p99_ms": res.p99_ms,
+            "cpu_ms_per_item": round(sum(known) / max(1, sent), 4), "cpu": cpu}
+
+
+# -- peer: the same archive through LitServe ---------------------------------------------
+
+
+def peer_skipped(s: EfficiencySettings) -> str | None:
+    """Why this run has no peer level; None when it has one."""
+    from packrat.bench.peer import peer_missing
+
+    return "not asked for (--no-peer)" if not s.peer else peer_missing()
+
+
+def start_peer(s: EfficiencySettings, archive_dir: Path, config: dict[str, Any], shape: list[tuple[int, int]],
+               blocks: list[list[int]], request: tuple[bytes, str], clients: int, log: ResultLog) -> PeerServer:
+    """The peer up, its start logged, warmed as long as the served level, then paused."""
+    from importlib.metadata import version
+
+    from packrat.bench.peer import BATCH_TIMEOUT_S, PeerServer
+
+    t0 = time.monotonic()
+    peer = PeerServer(archive_dir, config, shape, blocks, *request, s.out / "peer")
+    try:
+        log.append("peer_ready", {"server": f"litserve {version('litserve')}",
+                                  "seconds": round(time.monotonic() - t0, 2), "pgid": peer.proc.pid,
+                                  "batch_timeout_s": BATCH_TIMEOUT_S, "body": "the served body, base64 in JSON",
+                                  "body_bytes": len(peer.body), "workers": peer.workers_seen()})
+        peer.load(s.warm_s, clients)
+        peer.pause()  # its idle workers poll their queue: kept out of the other levels' windows
+    except BaseException:
+        peer.stop()
+        raise
+    return peer
+
+
+def measure_peer(peer: PeerServer, s: EfficiencySettings, clients: int) -> dict[str, Any]:
+    """One peer window, as the served one: re-warm, then C clients for served_s with the CPU read."""
+    peer.resume()
+    try:
+        peer.load(s.rewarm_s, clients)
+        return measure_window(lambda seconds: peer.load(seconds, clients), peer.processes(), s.served_s, clients)
+    finally:
+        peer.pause()
 
 
 # -- the run ---------------------------------------------------------------------------
@@ -262,22 +319,32 @@ def run_efficiency(s: EfficiencySettings) -> Path:
     config = ExecutionMode.parse(s.mode).in_config(open_archive(archive_dir).config)
     body, ctype = sample_request(archive_dir)
     log = ResultLog(s.out / "results.jsonl")
+    skip_peer = peer_skipped(s)
+    if skip_peer:
+        print(f"the peer level is skipped: {skip_peer}", file=sys.stderr, flush=True)
     log.append("run", {"command": s.command, "machine": describe_machine().as_dict(), "versions": machine_info(),
                        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(s).items()},
                        "archive": str(archive_dir), "payload_bytes": len(body), "content_type": ctype,
-                       "cores": [list(b) for b in blocks]})
+                       "cores": [list(b) for b in blocks], "peer_skipped": skip_peer})
     served = Served(s, archive_dir, plan, body, ctype)
+    peer = None
     try:
         log.append("swap", {"to_version": served.swap.to_version, "seconds": served.swap.duration_s,
                             "torchserve_pgid": served.server.pid})
         served.load(s.warm_s)
+        if not skip_peer:
+            peer = start_peer(s, archive_dir, config, shape, blocks, (body, ctype), served.clients, log)
         for r in range(1, s.rounds + 1):
             for scope, kind in (("model", "raw"), ("handler", "handler")):
                 row = time_in_process(archive_dir, config, shape, blocks, scope, s.seconds,
                                       s.out / "workers.log")
                 _say(log.append(kind, {"round": r, **row}))
             _say(log.append("served", {"round": r, **served.measure()}))
+            if peer:
+                _say(log.append("peer", {"round": r, **measure_peer(peer, s, served.clients)}))
     finally:
+        if peer:
+            peer.stop()
         served.stop()
     log.append("summary", summarise(last_run(log.path)))
     return write_summary(log.path, s.out / "summary.md")
