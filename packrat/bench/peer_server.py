@@ -51,6 +51,7 @@ class TaskAPI(ls.LitAPI):
     """The archive's Task behind LitServe: items in, the Task's answers out."""
 
     def __init__(self, job: dict[str, Any]) -> None:
+        # LitServe has one batch cap for all its workers: a mixed plan's largest.
         cap = max(cap for _, cap in job["shape"])
         super().__init__(max_batch_size=cap, batch_timeout=float(job["batch_timeout_s"]))
         self.job = job
