@@ -85,6 +85,11 @@ def _without(value: Any, paths: tuple[str, ...]) -> Any:
     return {k: _without(v, below.get(k, ())) for k, v in value.items() if k not in here}
 
 
+def _decisive(state: dict[str, Any], quiet: tuple[str, ...]) -> dict[str, Any]:
+    """The policy's state without each model's `quiet` keys (a change only there may wait)."""
+    return {m: _without(s, quiet) for m, s in state.items()}
+
+
 def flock(path: Path, busy: str) -> int:
     """Take an exclusive flock on `path` (never through a symlink); ConfigError(busy) if held."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -108,7 +113,10 @@ class StateFiles:
         (self.dir / "profiles").mkdir(exist_ok=True)
         self._lock_fds: list[int] = []
         self._policy: dict[str, Any] | None = None  # the policy's state as last read or saved
-        self._policy_written: tuple[str, str] = ("", "")  # (whole text, decision text) in the file
+        # What the file holds, as json.loads gives it back (whole, and without the quiet keys):
+        # compared with the state kept, so an unchanged tick costs no json.dumps.
+        self._policy_written: tuple[Any, Any] = (None, None)
+        self._policy_text = ""  # the file's text
         self._policy_written_at = 0.0  # time.monotonic() of that write
         self._pins: dict[str, Any] | None = None  # pins.json as last read or saved
 
@@ -162,16 +170,19 @@ class StateFiles:
         """Keep `state`; write it when it differs from the file. A change only under a model's
         `quiet` keys ("a" or "a.b", a key inside "a") waits up to POLICY_STATE_QUIET_S (unless `flush`). True: written."""
         self._policy = state
-        text = json.dumps(state, indent=1, default=str)
-        if text == self._policy_written[0]:
+        if state == self._policy_written[0]:
             return False
-        decisive = json.dumps({m: _without(s, quiet) for m, s in state.items()}, sort_keys=True, default=str)
         now = time.monotonic()
-        if (not flush and decisive == self._policy_written[1]
-                and now - self._policy_written_at < POLICY_STATE_QUIET_S):
+        if (not flush and now - self._policy_written_at < POLICY_STATE_QUIET_S
+                and _decisive(state, quiet) == self._policy_written[1]):
+            return False
+        text = json.dumps(state, indent=1, default=str)
+        if text == self._policy_text:  # equal once written (a policy's tuples come back as lists)
             return False
         _write_text(self.dir / POLICY_STATE_FILE, text)
-        self._policy_written, self._policy_written_at = (text, decisive), now
+        written = json.loads(text)  # a copy of its own: the caller goes on changing `state` in place
+        self._policy_written, self._policy_written_at = (written, _decisive(written, quiet)), now
+        self._policy_text = text
         return True
 
     def flush_policy_state(self, quiet: tuple[str, ...] = ()) -> bool:

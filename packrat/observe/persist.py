@@ -1,19 +1,40 @@
 """Estimator and policy state <-> JSON, so the controller can persist them and a
 restarted controller resumes where it stopped (the functions are pure; the
-state is all there is)."""
+state is all there is).
+
+The *_to_json functions build plain dicts and lists field by field: they run for every
+model on every tick, and dataclasses.asdict (a deep copy, recursing into every sample of
+the estimator's window) was most of what the re-plan loop cost an idle model (issue 35
+item 4). Lists where the dataclasses hold tuples: what json.dumps writes either way, and
+what json.loads gives back, so a state read back compares equal to the one kept.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any
 
 from packrat.observe.estimator import EstimatorState
 from packrat.observe.policy import PolicyState
 from packrat.types import Correction, Observation
 
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _flat(obj: Any) -> dict[str, Any]:
+    """A dataclass of plain values (Observation, Correction) as a dict, in field order."""
+    names = _NAMES.get(type(obj))
+    if names is None:
+        names = _NAMES[type(obj)] = tuple(f.name for f in fields(obj))
+    return {n: getattr(obj, n) for n in names}
+
 
 def estimator_state_to_json(state: EstimatorState) -> dict[str, Any]:
-    return asdict(state)
+    out = _flat(state)
+    out["samples"] = [_flat(o) for o in state.samples]
+    out["recent"] = list(state.recent)
+    out["step_base"] = _flat(state.step_base) if state.step_base is not None else None
+    return out
 
 
 def estimator_state_from_json(d: dict[str, Any]) -> EstimatorState:
@@ -32,7 +53,10 @@ def estimator_state_from_json(d: dict[str, Any]) -> EstimatorState:
 
 
 def policy_state_to_json(state: PolicyState) -> dict[str, Any]:
-    return asdict(state)
+    out = _flat(state)
+    out["correction"] = _flat(state.correction)
+    out["swap_times"] = list(state.swap_times)
+    return out
 
 
 def policy_state_from_json(d: dict[str, Any]) -> PolicyState:
