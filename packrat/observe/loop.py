@@ -13,10 +13,13 @@ contention correction may prefer), packrat.plan.plan_latency_at (the active
 plan at the new B) and policy.decide. The controller persists the returned dict, so a restarted
 controller resumes with the same estimate, dwell clock and correction.
 
-Side effects are limited to reporting: every decision is logged as one JSON
-line (logger "packrat.adapt"), kept in a short in-memory list for the status
-endpoint, and counted in a prometheus_client registry the REST API exports
-at /metrics.
+Side effects are limited to reporting: every decision is kept in a short in-memory
+list for the status endpoint, counted in a prometheus_client registry the REST API
+exports at /metrics, and handed to `emit` as one JSON line when one is given. Without
+one, a decision is logged as one JSON line (logger "packrat.adapt") when it differs
+from the model's last logged one other than in its time and how long the estimate has
+held, and at least every REPEAT_LOG_S: four idle models repeat themselves every tick,
+and writing that cost the controller more than anything else they do (issue 35 item 4).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from packrat.profile.store import load_profile
 from packrat.types import Decision, Estimate, Plan, Profile, TickContext
 
 log = logging.getLogger("packrat.adapt")
+# The decision log repeats an unchanged decision of a model at most this often (its clock).
+REPEAT_LOG_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,8 @@ class AdaptiveLoop:
         self.settings = settings or AdaptSettings()
         self.registry = registry or CollectorRegistry()
         self.metrics = _Metrics(self.registry)
-        self._emit = emit or log.info
+        self._emit = emit  # None: the decision log, changes only (module doc)
+        self._logged: dict[str, tuple[Decision, float]] = {}  # per model: (last logged, timeless; its time)
         self._lock = threading.Lock()
         self._decisions: dict[str, collections.deque[Decision]] = {}
         self._pending_enable: dict[str, bool] = {}
@@ -169,7 +175,7 @@ class AdaptiveLoop:
             return self._tick(ctx, state)
         except Exception as exc:  # a bug here must not kill the controller's tick thread
             log.exception("adapt tick failed for %s", ctx.model)
-            self._emit(json.dumps({"model": ctx.model, "error": repr(exc)}))
+            (self._emit or log.info)(json.dumps({"model": ctx.model, "error": repr(exc)}))
             return None, state
 
     def _tick(self, ctx: TickContext, state: dict[str, Any]) -> tuple[Plan | None, dict[str, Any]]:
@@ -237,8 +243,23 @@ class AdaptiveLoop:
         if est.concurrency is not None:
             self.metrics.concurrency.labels(model).set(est.concurrency)
 
+    def _changed(self, d: Decision) -> bool:
+        """`d` is worth a line in the decision log: it differs from the model's last logged one
+        other than in time and estimate_stable_s (its estimate's time and span are not in the
+        line), or that one is REPEAT_LOG_S old."""
+        timeless = replace(d, time_s=0.0, estimate_stable_s=0.0,
+                           estimate=replace(d.estimate, time_s=0.0, span_s=0.0))
+        last = self._logged.get(d.model)
+        if last is not None and last[0] == timeless and d.time_s - last[1] < REPEAT_LOG_S:
+            return False
+        self._logged[d.model] = (timeless, d.time_s)
+        return True
+
     def _report(self, d: Decision) -> None:
-        self._emit(json.dumps(d.to_dict(), separators=(",", ":")))
+        if self._emit is not None:
+            self._emit(json.dumps(d.to_dict(), separators=(",", ":")))
+        elif log.isEnabledFor(logging.INFO) and self._changed(d):
+            log.info(json.dumps(d.to_dict(), separators=(",", ":")))
         with self._lock:
             q = self._decisions.setdefault(d.model, collections.deque(maxlen=self.settings.keep_decisions))
             q.append(d)
@@ -285,7 +306,7 @@ def adapt_settings(
 def log_decisions_to(path: Path, max_bytes: int = 20_000_000, backups: int = 3) -> None:
     """Send the decision lines (one JSON object each) to a rotating file.
 
-    One line per model per tick (a second) adds up, hence the rotation.
+    A line per model whose decision changed, per tick (a second), adds up, hence the rotation.
     """
     from logging.handlers import RotatingFileHandler
 
