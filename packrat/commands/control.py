@@ -152,6 +152,11 @@ def run_controller(*, management_url: str, metrics_url: str | None, key_file: Pa
         ticker.start()
         if run.loop.tune:
             _start_tuner(controller, run.loop, stop)
+        else:  # the plan still follows the traffic's input shape: re-profile on a shift
+            from packrat.control.tuning import Reprofiler
+
+            threading.Thread(target=Reprofiler(controller).run, args=(stop,), name="controller-reprofile",
+                             daemon=True).start()
         _serve_api(controller, run.host, run.port, stop)
     finally:
         controller.release()

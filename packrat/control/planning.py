@@ -6,7 +6,7 @@ Each call takes the ModelState its request already read (never reads it again).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ from packrat.apply import versions
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of
 from packrat.control.modecheck import mode_refusal
-from packrat.control.traffic import profile_sizes
+from packrat.control.traffic import plan_batch, profile_sizes
 from packrat.control.values import ModelState
 from packrat.errors import ConfigError, PackratError, ProfileError
 from packrat.jobs import Job, Jobs, Turns
@@ -130,14 +130,16 @@ class Planner:
         return replace(plan_from_shape(shape, len(self.cores), profile), mode=mode or self.live_mode_override(st))
 
     def start_profile(self, st: ModelState, *, max_batch: int, budget_s: float | None,
-                      cores: int | None = None) -> Job:
+                      cores: int | None = None,
+                      then: Callable[[Profile], dict[str, Any]] | None = None) -> Job:
         """Re-profile the model in its live mode in the background; the job says when it is done.
 
         The profile goes where tuning and the re-plan loop read it:
-        <state dir>/profiles/<model>/<mode>.json (packrat.profile.library)."""
+        <state dir>/profiles/<model>/<mode>.json (packrat.profile.library). `then`: called
+        with the saved profile in the job (e.g. to re-plan); what it returns joins the result."""
         _, base_dir = base_of(self.swapper, self.model_store, st)
         settings = ProfileSettings(cores=cores or len(self.cores), max_batch=max_batch, budget_s=budget_s,
-                                   sizes=profile_sizes(st, st.plan.batch if st.plan else 1))  # the traffic's
+                                   sizes=profile_sizes(st, plan_batch(st)))  # the traffic's
         settings.validate(len(self.cores))
         archive = open_archive(base_dir)
         if st.mode is not None:
@@ -147,6 +149,7 @@ class Planner:
         def run() -> dict[str, Any]:
             prof = run_profile(archive, settings, progress=False)
             save_profile(prof, out)
-            return {"profile_path": str(out), "points": len(prof.points)}
+            done = {"profile_path": str(out), "points": len(prof.points)}
+            return {**done, **then(prof)} if then is not None else done
 
         return self.jobs.start("profile", st.model, run, turns=self.turns)

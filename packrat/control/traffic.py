@@ -21,7 +21,7 @@ from typing import Any
 from packrat import slots
 from packrat.control.values import ModelState
 from packrat.profile.shape import representative_sizes, shifted
-from packrat.types import TuneRecord
+from packrat.types import Profile, TuneRecord
 from packrat.worker_counters import SIZE_KINDS, SizeHistogram
 
 QUANTILES = {"p50": 0.5, "p90": 0.9}
@@ -53,6 +53,11 @@ def shape(sizes: Mapping[str, SizeHistogram] | None) -> dict[str, dict[str, Any]
     return out
 
 
+def plan_batch(st: ModelState) -> int:
+    """The load batch the live plan was made for (1: no Packrat plan)."""
+    return st.plan.batch if st.plan is not None else 1
+
+
 def profile_sizes(st: ModelState, batch: int) -> tuple[tuple[str, int], ...]:
     """The request sizes to profile `st`'s model at for load batch `batch`: the traffic's
     (packrat.profile.shape.representative_sizes); (): the task's own sample, until traffic exists."""
@@ -60,24 +65,45 @@ def profile_sizes(st: ModelState, batch: int) -> tuple[tuple[str, int], ...]:
     return representative_sizes(sizes, batch) if sizes else ()
 
 
-def why_retune(record: TuneRecord | None, st: ModelState) -> str | None:
-    """Why the model needs tuning again for its traffic (None: it does not): the traffic
-    sizes its last finished tune profiled at moved beyond packrat.profile.shape.SHIFT_FACTOR
-    from the traffic's now. A tune records its sizes whether it succeeds or fails, so a
-    shift starts one tune, not one per check. A tune made before there was traffic (at the
-    task's sample) is not redone for the traffic alone (as before sizes existed); the next
-    tune for any reason profiles at the traffic's sizes."""
-    if record is None or record.state not in ("done", "failed"):
-        return None
-    before = {str(k): int(v) for k, v in (record.detail.get("sizes") or {}).items()}
+def profiled_at(profile: Profile) -> dict[str, int]:
+    """The request sizes a profile timed (its settings' sizes); {}: the task's own sample."""
+    pairs = (profile.extra.get("settings") or {}).get("sizes") or ()
+    return {str(k): int(v) for k, v in pairs}
+
+
+def _moved(before: Mapping[str, int], st: ModelState, batch: int) -> str | None:
+    """Why sizes measured at `before` no longer describe the traffic at load batch `batch`
+    (packrat.profile.shape.shifted), or None. Nothing to compare without `before`: a tune
+    or profile made at the task's sample before there was traffic is not redone for the
+    traffic alone (as before sizes existed)."""
     if not before:
         return None
-    now = dict(profile_sizes(st, record.batch or 1))
+    now = dict(profile_sizes(st, batch))
     moved = shifted(before, now)
     if not moved:
         return None
     return "traffic's input shape moved (" + ", ".join(
         f"{k} {before.get(k, 'none')} -> {now[k]}" for k in moved) + ")"
+
+
+def why_retune(record: TuneRecord | None, st: ModelState) -> str | None:
+    """Why the model needs tuning again for its traffic (None: it does not): the traffic
+    sizes its last finished tune profiled at moved beyond packrat.profile.shape.SHIFT_FACTOR
+    from the traffic's now. A tune records its sizes whether it succeeds or fails, so a
+    shift starts one tune, not one per check. A tune made before there was traffic (at the
+    task's sample) is not redone for the traffic alone; the next tune for any reason
+    profiles at the traffic's sizes."""
+    if record is None or record.state not in ("done", "failed"):
+        return None
+    before = {str(k): int(v) for k, v in (record.detail.get("sizes") or {}).items()}
+    return _moved(before, st, record.batch or 1)
+
+
+def why_reprofile(made_at: Mapping[str, int], st: ModelState) -> str | None:
+    """With tuning off: why the live mode must be profiled again (None: it need not), the
+    traffic at the live plan's B having moved beyond SHIFT_FACTOR from the sizes `made_at`
+    (the profile's: profiled_at, or those of the last re-profile tried)."""
+    return _moved(made_at, st, plan_batch(st))
 
 
 class TrafficShapes:

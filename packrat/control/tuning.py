@@ -21,12 +21,17 @@ fail again in a loop); POST /v1/models/{m}/tune retries it. Models whose
 live version is not a Packrat archive are left alone. Every per-mode profile
 is also checked against hash and fingerprint wherever it is used
 (packrat.profile.library), so between two checks nothing plans from a stale one.
+
+With tuning off (--no-tune), `Reprofiler` still follows the traffic's input
+shape: a shift re-profiles the live mode at the traffic's sizes and re-plans
+from that profile.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,12 +41,12 @@ from packrat import tune
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of
 from packrat.control.swaps import Swaps
-from packrat.control.traffic import profile_sizes, why_retune
+from packrat.control.traffic import plan_batch, profile_sizes, profiled_at, why_reprofile, why_retune
 from packrat.control.values import ModelState
 from packrat.errors import BusyError, ConfigError, PackratError
 from packrat.jobs import Job, Jobs, Turns
 from packrat.plan import same_shape
-from packrat.types import Policy, TuneRecord
+from packrat.types import Plan, Policy, Profile, TuneRecord
 
 if TYPE_CHECKING:  # the coordinator; it imports this module
     from packrat.control import Controller
@@ -160,24 +165,27 @@ class Tuning:
                    + (f" (fat {base_row.mode}: {base_row.fat_ms:.0f} ms)"
                       if base_row is not None and base_row.fat_ms else ""))
         tracker.set(stage="applying", text=f"applying {summary}", choice=plan.to_dict())
-        live = self.read_state(model)  # read now: the tune took minutes
-        live_plan = replace(live.plan, mode=live.plan.mode or live.mode) if live.plan is not None else None
-        swap: dict[str, Any]
-        if live_plan is not None and same_shape(live_plan, plan) and live_plan.mode == plan.mode:
-            swap = {"outcome": "already live", "version": live.version}
-        else:
-            # Another swap (the re-plan loop's, a REST apply) may be running: wait for its end,
-            # unless an operator pins the model meanwhile.
-            record = self.swaps.apply_when_free(model, plan, self.apply_wait_s,
-                                                wanted=lambda: not self.pinned(model))
-            if record is None:
-                tracker.set(state="done", stage="pinned", text=f"not applied (pinned by an operator): {summary}",
-                            swap={"outcome": "not applied: pinned"}, finished=self.clock(), key=key)
-                return tracker.snapshot()
-            swap = record.to_dict()
+        swap = self.apply_choice(model, plan)
+        if swap is None:
+            tracker.set(state="done", stage="pinned", text=f"not applied (pinned by an operator): {summary}",
+                        swap={"outcome": "not applied: pinned"}, finished=self.clock(), key=key)
+            return tracker.snapshot()
         tracker.set(state="done", stage="applied", text=f"applied {summary}", swap=swap,
                     finished=self.clock(), key=key)
         return tracker.snapshot()
+
+    def apply_choice(self, model: str, plan: Plan) -> dict[str, Any] | None:
+        """Apply a plan chosen in the background (a tune's, a re-profile's) by the usual swap:
+        its wire record, {"outcome": "already live"} when the live plan is it (shape and
+        mode), None (nothing applied) when an operator pinned the model meanwhile."""
+        live = self.read_state(model)  # read now: the tune or profile took minutes
+        live_plan = replace(live.plan, mode=live.plan.mode or live.mode) if live.plan is not None else None
+        if live_plan is not None and same_shape(live_plan, plan) and live_plan.mode == plan.mode:
+            return {"outcome": "already live", "version": live.version}
+        # Another swap (the re-plan loop's, a REST apply) may be running: wait for its end,
+        # unless an operator pins the model meanwhile.
+        record = self.swaps.apply_when_free(model, plan, self.apply_wait_s, wanted=lambda: not self.pinned(model))
+        return record.to_dict() if record is not None else None
 
 
 def why_tune(record: TuneRecord | None, key: dict[str, Any], running: bool) -> str | None:
@@ -238,10 +246,101 @@ class AutoTuner:
 
     def run(self, stop: threading.Event) -> None:
         """Check right away, then every interval_s until `stop` is set; nothing raised ends it."""
-        while True:
+        _every(self.interval_s, self.check, stop, "auto-tune")
+
+
+def _every(interval_s: float, check: Callable[[], Any], stop: threading.Event, what: str) -> None:
+    """check() right away, then every interval_s until `stop` is set; nothing raised ends it."""
+    while True:
+        try:
+            check()
+        except Exception:
+            log.exception("%s check failed; continuing", what)
+        if stop.wait(interval_s):
+            return
+
+
+class Reprofiler:
+    """With tuning off (--no-tune) the plan still follows the traffic's input shape: when the
+    traffic's sizes moved a factor SHIFT_FACTOR from those the live mode's profile was made
+    at (packrat.control.traffic.why_reprofile), profile the live mode again at the traffic's
+    sizes (Planner.start_profile: the profiler's job, no search of modes) and re-plan from
+    that profile. With a re-plan loop (adapt on) the loop does that on its next tick, under
+    its own rules (the model's cores, dwell, swap bound); without one the re-plan is done
+    here, for the live plan's B on as many cores, applied as a tune applies its choice.
+
+    Left alone like the auto-tuner's: pinned models, models that are not Packrat archives,
+    models with no profile to plan from, and a profile made at the task's sample before
+    there was traffic. One try per shift: a re-profile that fails is not retried until the
+    traffic moves again from the sizes it tried, and none starts within min_gap_s of the
+    last one for the model (a load batch moving back and forth moves the sizes with it)."""
+
+    def __init__(self, controller: Controller, interval_s: float = 10.0, min_gap_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.controller, self.interval_s, self.min_gap_s, self.clock = controller, interval_s, min_gap_s, clock
+        self.tried: dict[str, tuple[float, dict[str, int]]] = {}  # model -> (when, sizes) of its last re-profile
+        self.started: list[tuple[str, str]] = []  # (model, why), for logs and tests
+
+    def why(self, st: ModelState) -> tuple[Profile, str] | None:
+        """(the profile planned from now, why it must be measured again), or None."""
+        c = self.controller
+        if c.tuning.key(st) is None or c.pins.pinned(st.model):
+            return None
+        if c.jobs.unfinished("profile", st.model) is not None or c.jobs.unfinished("tune", st.model) is not None:
+            return None
+        last = self.tried.get(st.model)
+        if last is not None and self.clock() - last[0] < self.min_gap_s:
+            return None
+        try:
+            profile = c.planner.profile(st)
+        except PackratError:
+            return None  # nothing planned from yet: a profile or tune request makes one
+        why = why_reprofile(last[1] if last is not None else profiled_at(profile), st)
+        return (profile, why) if why is not None else None
+
+    def check(self) -> list[str]:
+        """Start a re-profile for every model whose traffic moved; returns those models."""
+        c, out = self.controller, []
+        for model in c.models():
             try:
-                self.check()
-            except Exception:
-                log.exception("auto-tune check failed; continuing")
-            if stop.wait(self.interval_s):
-                return
+                st = c.model_state(model)
+                found = self.why(st)
+                if found is None:
+                    continue
+                profile, why = found
+                sizes = dict(profile_sizes(st, plan_batch(st)))
+                c.planner.start_profile(st, **_remeasure(profile, len(c.planner.cores)),
+                                        then=lambda prof, model=model: self.replan(model))
+            except BusyError:
+                continue  # another profile runs: the next check
+            except PackratError as exc:
+                log.warning("re-profile of %s not started: %s", model, exc)
+                continue
+            self.tried[model] = (self.clock(), sizes)
+            log.info("re-profile of %s started: %s", model, why)
+            self.started.append((model, why))
+            out.append(model)
+        return out
+
+    def replan(self, model: str) -> dict[str, Any]:
+        """After the re-profile: re-plan from it (class doc); what was done, for the job's result."""
+        c = self.controller
+        if c.policy is not None:
+            return {"replan": "by the re-plan loop"}  # it reads the new profile on its next tick
+        st = c.model_state(model)
+        plan = c.planner.plan_for(st, plan_batch(st), st.plan.cores if st.plan is not None else None)
+        swap = c.tuning.apply_choice(model, plan)
+        return {"replan": "here", "plan": plan.to_dict(),
+                "swap": swap if swap is not None else {"outcome": "not applied: pinned"}}
+
+    def run(self, stop: threading.Event) -> None:
+        _every(self.interval_s, self.check, stop, "re-profile")
+
+
+def _remeasure(profile: Profile, usable: int) -> dict[str, Any]:
+    """The grid of the profile measured again: its max batch, cores and budget (a profile
+    without settings: its largest batch, every usable core, the tune's default budget)."""
+    was = profile.extra.get("settings") or {}
+    max_batch = was.get("max_batch") or max((p.batch for p in profile.points), default=1)
+    cores = min(int(was.get("cores") or usable), usable)
+    return {"max_batch": int(max_batch), "cores": cores, "budget_s": was.get("budget_s") or tune.DEFAULT_BUDGET_S}

@@ -1,0 +1,142 @@
+"""With tuning off (--no-tune), a shift of the traffic's input shape re-profiles the live
+mode at the traffic's sizes and re-plans from that profile (packrat.control.tuning.Reprofiler).
+
+The decision is tested on a real Controller over the tiny minilm archive, with traffic
+sizes written to real worker counters (as packrat.control.traffic reads them); the whole
+path (controller process, profile job, its result) beside a real TorchServe."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from packrat import slots
+from packrat.apply.versions import served_mode
+from packrat.control import Controller, ControllerSettings
+from packrat.control.traffic import profiled_at
+from packrat.control.tuning import Reprofiler, _remeasure
+from packrat.control.values import ModelState, WorkerState
+from packrat.profile.store import save_profile
+from packrat.types import Instance, Plan, Profile, ProfilePoint
+from packrat.worker_counters import LiveCounters
+
+PLAN = Plan(cores=2, batch=1, instances=(Instance(2, 1, 10.0),), predicted_latency_ms=10.0)
+MADE_AT_128 = {"sizes": [["tokens", 128]], "max_batch": 1, "cores": 1, "budget_s": 60.0}
+
+
+def made_at(settings: dict | None) -> Profile:
+    """A profile of minilm whose settings say it timed `settings["sizes"]` (None: no settings)."""
+    points = tuple(ProfilePoint(threads=t, batch=1, mean_ms=10.0 / t) for t in (1, 2))
+    return Profile(model_id="minilm", points=points, extra={"settings": settings} if settings else {})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_shift_asks_for_a_re_profile_once(tiny_store: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PACKRAT_SLOT_DIR", str(tmp_path / "slots"))  # where the worker counters go
+    for folder in (slots.slot_root(), slots.slot_root() / "workers"):
+        slots.secure_dir(folder)
+    settings = ControllerSettings(management_url="http://127.0.0.1:9", key_file=None, metrics_url=None,
+                                  model_store=tiny_store, state_dir=tmp_path / "state", cores=(0, 1))
+    c = Controller(settings)  # nothing reached over HTTP here: why() reads files and counters
+    st = ModelState(model="minilm", version="1.0", url="minilm", plan=PLAN,
+                    workers=(WorkerState({"pid": 301, "status": "READY"}, None),), other_versions=(),
+                    mode=served_mode(tiny_store / "minilm"))
+    assert st.mode is not None and c.tuning.key(st) is not None  # a Packrat archive
+    clock = Clock()
+    r = Reprofiler(c, clock=clock)
+    assert r.why(st) is None  # no profile to plan from: nothing to re-plan
+    save_profile(made_at(MADE_AT_128), c.profile_path("minilm"))
+    assert r.why(st) is None  # no traffic yet
+    counters = LiveCounters(slots.worker_counters_path(301))
+    counters.add_sizes({"tokens": [6] * 30})
+    profile, why = r.why(st)
+    assert why == "traffic's input shape moved (tokens 128 -> 6)" and profiled_at(profile) == {"tokens": 128}
+    # what the re-profile measures again: the profile's own grid, at most the usable cores
+    assert _remeasure(profile, 2) == {"max_batch": 1, "cores": 1, "budget_s": 60.0}
+    assert _remeasure(made_at(None), 2) == {"max_batch": 1, "cores": 2, "budget_s": 180.0}
+
+    # a profile made at the task's sample before there was traffic: not redone for the traffic alone
+    save_profile(made_at({"max_batch": 1}), c.profile_path("minilm"))
+    assert r.why(st) is None
+    save_profile(made_at({"sizes": [["tokens", 8]]}), c.profile_path("minilm"))
+    assert r.why(st) is None  # 6 against 8: within the shift factor
+    save_profile(made_at(MADE_AT_128), c.profile_path("minilm"))
+
+    # one try per shift: once a re-profile at 6 tokens was tried (whatever came of it), none
+    # within min_gap_s, and after it none while the traffic stays near 6
+    r.tried["minilm"] = (clock.now, {"tokens": 6})
+    assert r.why(st) is None
+    clock.now += r.min_gap_s
+    assert r.why(st) is None
+    counters.add_sizes({"tokens": [115] * 300})  # the traffic moves again
+    assert r.why(st)[1].startswith("traffic's input shape moved (tokens 6 -> 1")  # ~115 (buckets)
+
+    # left alone: a model an operator pinned, and one with a profile or tune job unfinished
+    c.pins.pin("minilm", PLAN, st.mode)
+    assert r.why(st) is None
+    c.pins.unpin("minilm")
+    release = threading.Event()
+    c.jobs.start("profile", "minilm", lambda: release.wait(60) and {})
+    try:
+        assert r.why(st) is None
+    finally:
+        release.set()
+    deadline = time.monotonic() + 30
+    while c.jobs.unfinished("profile", "minilm") is not None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert r.why(st) is not None
+
+
+@pytest.mark.torchserve
+def test_no_tune_re_profiles_at_the_traffic_s_sizes(torchserve, tiny_store: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller with --no-tune beside a real TorchServe: minilm's profile was made at 128
+    tokens, the traffic sends short texts; the controller re-profiles the live mode at the
+    traffic's size by itself, and leaves the re-plan to its re-plan loop."""
+    from packrat.control.traffic import served_sizes
+    from packrat.profile.shape import representative_sizes
+    from serving_support import ControllerProcess, ensure_registered, predict, worker_pids
+
+    ensure_registered(torchserve, "minilm")
+    monkeypatch.setenv("PACKRAT_SLOT_DIR", str(torchserve.slot_dir))
+    for _ in range(25):  # a distribution: at least MIN_REQUESTS requests
+        assert predict(torchserve, "minilm", b"a short text").status_code == 200
+    st = ModelState(model="minilm", version="1.0", url="minilm", plan=None, other_versions=(),
+                    workers=tuple(WorkerState({"pid": p}, None) for p in worker_pids(torchserve, "minilm")))
+    expected = representative_sizes(served_sizes(st), 1)  # a plain version: B = 1, the median
+    assert expected and expected[0][0] == "tokens" and expected[0][1] < 128 / 1.5
+    state = tmp_path / "state"
+    save_profile(made_at(MADE_AT_128), state / "profiles" / "minilm.json")
+    ctl = ControllerProcess(torchserve, tiny_store, state, ["--no-tune"], ready_path="/healthz")
+    try:
+        ctl.start()
+        deadline = time.monotonic() + 300  # a hang guard: the profile's own budget is 60 s
+        while True:
+            found = [j for j in ctl.get("/v1/jobs", params={"model": "minilm"}).json() if j["kind"] == "profile"]
+            if found and found[-1]["state"] not in ("queued", "running"):
+                break
+            assert time.monotonic() < deadline, (found, ctl.log())
+            time.sleep(1.0)
+        job = found[-1]
+        assert job["state"] == "done", job
+        assert job["result"]["replan"] == "by the re-plan loop"  # adapt is on
+        profile = json.loads(Path(job["result"]["profile_path"]).read_text())
+        assert [tuple(pair) for pair in profile["settings"]["sizes"]] == list(expected)
+        assert profile["settings"]["max_batch"] == 1 and profile["settings"]["cores"] == 1
+        assert requests.get(f"{ctl.url}/healthz", timeout=60).status_code == 200
+    finally:
+        ctl.kill()
