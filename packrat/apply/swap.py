@@ -602,13 +602,15 @@ class Swapper:
             d = self.client.describe_model(model, version)
             if d.workers:
                 workers = max(workers, len(d.workers))
+                drained = attempt > 0 or drain_first
                 if attempt > 0:
                     # The workers were started to serve the jobs that came back: wait until
                     # they have taken them into batches they started, not just off the queue.
                     self.drain(model, version, expect_jobs=came_back, fresh_workers=True)
                 elif drain_first:
                     self.drain(model, version, min_s=min_drain_s)
-                pids = self.client.describe_model(model, version).worker_pids()
+                # Described again only after a drain (it takes time: a worker may have been replaced).
+                pids = (self.client.describe_model(model, version) if drained else d).worker_pids()
                 self.client.scale(model, version, 0, synchronous=True, timeout_s=s.scale_timeout_s)
                 _forget_worker_status(pids)
                 d = self.client.describe_model(model, version)

@@ -32,6 +32,31 @@ log = logging.getLogger("packrat.controller")
 Predictor = Callable[[int], float | None]  # cores -> predicted latency (ms), None: cannot say
 
 
+# The profiles placed at a fallback path, parsed again only when the file changes: the
+# division asks every tick for each model with load (issue 35 item 4). None: unreadable.
+_FALLBACKS: dict[Path, tuple[tuple[int, int, int], Profile | None]] = {}
+_FALLBACKS_SIZE = 256
+
+
+def _fallback_profile(path: Path) -> Profile | None:
+    """The profile at `path`; None when there is none or it does not load."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (st.st_ino, st.st_mtime_ns, st.st_size)
+    kept = _FALLBACKS.get(path)
+    if kept is None or kept[0] != key:
+        try:
+            profile: Profile | None = load_profile(path)
+        except PackratError:
+            profile = None
+        if len(_FALLBACKS) >= _FALLBACKS_SIZE:
+            _FALLBACKS.pop(next(iter(_FALLBACKS)))
+        kept = _FALLBACKS[path] = (key, profile)
+    return kept[1]
+
+
 def predictor(profiles: tuple[Profile, ...], fallback: Path, batch: int) -> Predictor | None:
     """Predicted latency of a model's best plan for `batch` on c cores: across its per-mode
     `profiles`, else from the profile at `fallback`; None without a profile."""
@@ -43,11 +68,8 @@ def predictor(profiles: tuple[Profile, ...], fallback: Path, batch: int) -> Pred
                 return None
             return cands[0].predicted_latency_ms if cands else None
         return across_modes
-    if not fallback.exists():
-        return None
-    try:
-        profile = load_profile(fallback)
-    except PackratError:
+    profile = _fallback_profile(fallback)
+    if profile is None:
         return None
     most = max(p.batch for p in profile.points)
 
