@@ -8,7 +8,8 @@ data, so convolutions *and* matmuls run int8 x int8 on VNNI/AMX:
                        OpenVINO model; saved as OpenVINO IR (model.xml/.bin).
                        Encoders: model_type TRANSFORMER (softmax, layer norm,
                        GELU and the residual adds stay in floating point; MatMul
-                       inputs int8). CNNs: NNCF's default (Conv/MatMul inputs int8).
+                       inputs int8) with SmoothQuant off (see SMOOTH_QUANT).
+                       CNNs: NNCF's default (Conv/MatMul inputs int8).
     int8s-onnxruntime  ONNX Runtime's quantize_static, QDQ format, uint8
                        activations x int8 per-channel weights, MinMax
                        calibration, only Conv/MatMul/Gemm quantised.
@@ -58,7 +59,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RECIPE = "int8s-v1"  # bump when the quantisation settings below change: cache keys include it
+RECIPE = "int8s-v2"  # bump when the quantisation settings below change: cache keys include it
+# NNCF's TRANSFORMER preset applies SmoothQuant to MatMuls (alpha 0.95). On all-MiniLM-L6-v2
+# it cost accuracy: vs fp32, the embedder's min row cosine was 0.915 with it, 0.991 without,
+# and a MiniLM classifier's max prob diff 0.24 vs 0.052 (docs/benchmarks/guard-int8-epyc.md);
+# no speed difference measured. -1 turns it off.
+SMOOTH_QUANT = -1.0
 CALIBRATION_FILE = "calibration.jsonl"
 DEFAULT_SAMPLES = 16
 RUNTIMES = INT8S_RUNTIMES  # the runtimes whose graphs it quantises
@@ -230,13 +236,21 @@ def build_openvino(onnx_path: str, calibration: Calibration, transformer: bool, 
     head = openvino_head(model)
     kwargs: dict[str, Any] = {"subset_size": len(calibration)}
     if transformer:
+        from nncf.quantization.advanced_parameters import (
+            AdvancedQuantizationParameters,
+            AdvancedSmoothQuantParameters,
+        )
+
         kwargs["model_type"] = nncf.ModelType.TRANSFORMER
+        kwargs["advanced_parameters"] = AdvancedQuantizationParameters(
+            smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=SMOOTH_QUANT))
     if head:
         kwargs["ignored_scope"] = nncf.IgnoredScope(names=head)
     quantized = nncf.quantize(model, nncf.Dataset([list(x) for x in calibration]), **kwargs)
     ov.save_model(quantized, str(out_dir / IR_FILE), compress_to_fp16=False)
     return {"tool": f"nncf {nncf.__version__}", "fp32_ops": head,
             "model_type": "transformer" if transformer else "default",
+            "smooth_quant": SMOOTH_QUANT if transformer else None,
             "calibration_inputs": len(calibration), "quantize_s": round(time.perf_counter() - t0, 3)}
 
 
