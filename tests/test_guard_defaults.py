@@ -11,7 +11,18 @@ reference, mode build, guard), with `packrat.guard` unset:
     is ~90 % (measured here and asserted) are refused; a mild perturbation of the
     same kind (agreement 100 %) is accepted, so the refusal is about the damage;
   - the real bf16 modes are accepted, with decisive rows, so the top-1 check bit;
-  - the real int8 modes are refused today (see INT8_FINDING).
+  - the real int8 modes are refused on this classifier today (see INT8_FINDING);
+  - on the real all-MiniLM-L6-v2 embedder (mean pooling + L2 norm, as served),
+    int8s-openvino is accepted; int8-eager and int8-onnxruntime are refused
+    (EMBEDDER_FINDING).
+
+Why int8 is refused, measured (docs/benchmarks/guard-int8-epyc.md): the error is
+the int8 encoder's (per-tensor weights, FFN activation outliers), not the head
+or the shipped pooler; it lands in the guard texts that lie off the head's four
+topics, where probabilities are mid-range. On 24 more off-topic sentences the
+shipped int8 modes flipped 3-6 decisive answers, so the default bound catches a
+real change; a mean-pooling classifier fails the same way. Not a test-model or
+a threshold problem, so both stay.
 """
 
 from __future__ import annotations
@@ -27,11 +38,14 @@ import yaml
 
 import packrat_handler  # the handler every archive ships (handlers/: on the path, pyproject's pythonpath)
 from classifier_support import LABELS, build_topic_archive, topic_texts
+from packrat.archive import build_from_dir
+from packrat.archive.local_tokenizers import minilm_dir
 from packrat.modes import bf16_problem, cpu_flags, int8_static_problem
 from packrat_tasks import guard
 from packrat_tasks.runtime import RUNTIMES, runtime
 
 ARCHIVE = "topic"
+EMBEDDER = "minilm"  # the real all-MiniLM-L6-v2, served as a feature-extraction archive
 DEGRADED = "test-perturbed"  # a test-only runtime: fp32 eager on a perturbed copy of the weights
 # Relative noise (x each weight tensor's std) tried, mildest first; measured on the 2-core
 # EPYC: 0.25 -> 98 %, 0.3 -> 92.5 %, 0.32 -> 89.5 %, 0.4 -> 66 % top-1 agreement on the held-out set.
@@ -41,14 +55,19 @@ MILD_SIGMA = 0.02  # the same perturbation, harmless: every answer kept
 # Anything passes: only to read what the degraded mode answers (the verdict is keyed
 # by config, so this never lends its pass to a default-threshold load).
 PERMISSIVE = {"min_top1_agreement": 0.0, "max_prob_diff": 1.0, "min_cosine": -1.0}
-# Measured 2026-12-04 on the 2-core EPYC (VNNI, avx512_bf16): on this real classifier the
-# guard's 8 texts keep their top-1 class (8/8) in every int8 mode, but max prob diff is
-# 0.15-0.24 (> 0.05) and logit cosine 0.966-0.989 (< 0.99); the real MiniLM embedder's
-# int8 modes reach min cosine 0.92-0.95 (< 0.99). The seeded demo archives pass only
-# because their outputs are near-uniform. Whether the defaults or int8 are to change is
-# an open question; until then the claim "the defaults accept int8" does not hold.
-INT8_FINDING = ("defaults refuse int8 on real weights: max prob diff 0.15-0.24 > 0.05 with top-1 8/8 "
+# Measured 2026-12-04 on the 2-core EPYC (VNNI, avx512_bf16), after int8s dropped NNCF's
+# SmoothQuant and ONNX Runtime's int8 took per-channel weights: the guard's 8 texts keep
+# their top-1 class (8/8) in every int8 mode, but max prob diff / logit cosine are
+# int8-eager 0.189 / 0.9768, int8-onnxruntime 0.104 / 0.9968, int8s-openvino 0.052 / 0.9984
+# (bf16: 0.006 / 1.0000). int8s-openvino's 0.052 is close to the 0.05 bound: another CPU
+# may pass it (then this strict xfail reports XPASS: update the finding, do not loosen).
+INT8_FINDING = ("defaults refuse int8 on this classifier: max prob diff 0.05-0.19 > 0.05 with top-1 8/8 "
                 "(measured 2026-12-04); see the module docstring")
+# The embedder's min row cosine on the guard texts, same run: int8s-openvino 0.9912 (accepted;
+# 0.915 with SmoothQuant), int8-onnxruntime 0.9885 (0.945 per-tensor), int8-eager 0.921
+# (torch's per-tensor weights and 7-bit activations).
+EMBEDDER_FINDING = ("defaults refuse int8-eager (min cosine 0.921) and int8-onnxruntime (0.9885) on the "
+                    "real MiniLM embedder (measured 2026-12-04)")
 
 
 def _bf16_here() -> str | None:
@@ -78,6 +97,7 @@ INT8_MODES = {
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = tmp_path_factory.mktemp("guard-defaults-store")
     build_topic_archive(store, ARCHIVE, tmp_path_factory.mktemp("guard-defaults-scratch"))
+    build_from_dir(minilm_dir(), store, EMBEDDER)
     return store
 
 
@@ -106,15 +126,15 @@ def degraded_runtime():
     RUNTIMES.pop(DEGRADED)
 
 
-def _config(store: Path, **packrat: Any) -> dict[str, Any]:
-    config = yaml.safe_load((store / ARCHIVE / "model_config.yaml").read_text())
+def _config(store: Path, archive: str = ARCHIVE, **packrat: Any) -> dict[str, Any]:
+    config = yaml.safe_load((store / archive / "model_config.yaml").read_text())
     config["packrat"].update(packrat)
     return config
 
 
-def _load(store: Path, **packrat: Any):
+def _load(store: Path, archive: str = ARCHIVE, **packrat: Any):
     """The archive's own handler loading the model as a TorchServe worker does."""
-    return packrat_handler.load_task(str(store / ARCHIVE), _config(store, **packrat))
+    return packrat_handler.load_task(str(store / archive), _config(store, archive, **packrat))
 
 
 def _answers(task) -> torch.Tensor:
@@ -194,3 +214,26 @@ def test_defaults_accept_the_real_int8_modes(store: Path, mode: str) -> None:
         print(exc.report.message)
         raise
     assert g["ok"] and g["metrics"]["decisive_rows"] >= 6, g["message"]
+
+
+def _embedder_case(mode: str):
+    refused = mode in ("int8-eager", "int8-onnxruntime")
+    marks = [pytest.mark.xfail(strict=True, raises=guard.AccuracyGuardError, reason=EMBEDDER_FINDING)] \
+        if refused else []
+    return pytest.param(mode, marks=marks)
+
+
+@pytest.mark.parametrize("mode", [_embedder_case(m) for m in INT8_MODES])
+def test_defaults_accept_the_real_int8_modes_on_the_real_embedder(store: Path, mode: str) -> None:
+    if INT8_MODES[mode]:
+        pytest.skip(INT8_MODES[mode])
+    precision, runtime_ = mode.split("-", 1)
+    try:
+        g = _load(store, EMBEDDER, precision=precision, runtime=runtime_).runner.guard
+    except guard.AccuracyGuardError as exc:
+        # Close, not broken: the embeddings still point the same way.
+        assert exc.report.metrics["min_cosine"] > 0.9, exc.report.message
+        print(exc.report.message)
+        raise
+    assert g["ok"] and g["kind"] == "embedding" and g["thresholds"] == guard.DEFAULTS, g["message"]
+    assert g["metrics"]["min_cosine"] >= guard.DEFAULTS["min_cosine"], g["message"]
