@@ -8,6 +8,7 @@ each route only parses, calls the controller and renders.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated
 
 from fastapi import HTTPException, Query
@@ -134,19 +135,24 @@ def replan_loop(controller: Controller, model: str) -> Policy:
     return controller.policy
 
 
-def reading_or_broken(controller: Controller, model: str) -> ModelState | str:
+def reading_or_broken(controller: Controller, model: str, default_url: str | None = None) -> ModelState | str:
     """One reading of `model`, or why it cannot be read: its live version's files are
     broken (a model_config.yaml that does not parse). The other models are served."""
     try:
-        return controller.model_state(model)
+        return controller.model_state(model, default_url)
     except ConfigError as exc:
         return f"model {model!r} is broken: {exc}; fix that file, or register the model again"
 
 
-def model_reading(controller: Controller, model: str) -> ModelState:
+def model_reading(controller: Controller, model: str, listed: Mapping[str, str] | None = None) -> ModelState:
     """The request's one reading of a known `model` (404 naming the registered ones if not,
-    409 saying why if its files are broken): passed on to whatever the route calls, never read again."""
-    st = reading_or_broken(controller, known_model(controller, model))
+    409 saying why if its files are broken): passed on to whatever the route calls, never read again.
+    `listed`: Controller.fresh_models(); a model it lists costs one describe call, not a list
+    call and two describes (one unregistered since is TorchServe's 404)."""
+    url = listed.get(model) if listed is not None else None
+    if url is None:  # not in a fresh tick's list: TorchServe is asked
+        known_model(controller, model)
+    st = reading_or_broken(controller, model, url)
     if isinstance(st, str):
         raise HTTPException(409, st)
     return st

@@ -113,10 +113,12 @@ def _model_routes(app: FastAPI, controller: Controller, auth: Auth) -> None:
     def list_models() -> list[dict[str, Any]]:
         return [render_model(m, reading_or_broken(controller, m)) for m in controller.models()]
 
-    # Each route reads the model once (model_reading) and passes that reading on.
+    # Each route reads the model once (model_reading) and passes that reading on. A status
+    # (the page polls every model every 5 s) takes the tick's list of models while it is fresh.
     @app.get("/v1/models/{model}/status", dependencies=auth, summary="Live version, plan, latency and pin")
     def status(model: str) -> dict[str, Any]:
-        return render_status(controller.status(model, st=model_reading(controller, model)))
+        return render_status(controller.status(model, st=model_reading(controller, model,
+                                                                        controller.fresh_models())))
 
     @app.post("/v1/models/{model}/plan", dependencies=auth, summary="Compute a plan (not applied)")
     def plan(model: str, req: PlanRequest) -> dict[str, Any]:

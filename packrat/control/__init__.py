@@ -69,6 +69,11 @@ __all__ = ["CORES_FILE", "DEFAULT_STATE_DIR", "HEALTH_STALE_MIN_S", "HEALTH_STAL
            "TuneOptions", "WorkerState", "why_tune"]
 
 
+# A reading the tick took is fresh for a status answer this many ticks after (a tick is due
+# every tick_s; the half tick is for the tick's own time): "at most one tick old".
+FRESH_TICKS = 1.5
+
+
 class Controller:
     def __init__(self, settings: ControllerSettings, policy: Policy | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -132,9 +137,16 @@ class Controller:
     def models(self) -> list[str]:
         return [m["modelName"] for m in self.client.list_models()]
 
-    def model_state(self, model: str) -> ModelState:
-        """One reading of `model`'s live version: take it once per request and pass it on."""
-        return read_model_state(self.client, self.settings.model_store, model)
+    def model_state(self, model: str, default_url: str | None = None) -> ModelState:
+        """One reading of `model`'s live version: take it once per request and pass it on.
+        `default_url`: its default version's directory from fresh_models (one call, not two)."""
+        return read_model_state(self.client, self.settings.model_store, model, default_url=default_url)
+
+    def fresh_models(self) -> dict[str, str] | None:
+        """The models the latest tick listed, each with its default version's URL, while that
+        list is fresh (at most FRESH_TICKS ticks old, no swap since); else None. A status
+        answer takes it for a list call of its own (the status page asks every 5 s per model)."""
+        return self.ticker.listed(FRESH_TICKS * self.settings.tick_s)
 
     def observe(self, model: str) -> Observation | None:
         """Cumulative request count and latency of `model` from TorchServe's metrics port."""
@@ -144,10 +156,12 @@ class Controller:
         return self.swap_history.read(model, last)
 
     def status(self, model: str, st: ModelState | None = None) -> ModelStatus:
+        """What GET /v1/models/{model}/status answers; the observed latency from the latest
+        tick's scrape while it is at most FRESH_TICKS ticks old, else from a scrape of its own."""
         st = st or self.model_state(model)
         return ModelStatus(
             state=st,
-            observed=self.observer.observed_latency(model),
+            observed=self.observer.observed_latency(model, FRESH_TICKS * self.settings.tick_s),
             swap_in_progress=self.running_swap,
             last_swaps=tuple(self.history(model, last=10)),
             adapt=self.policy.status(model) if self.policy is not None else None,

@@ -10,29 +10,35 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from packrat.apply import versions
-from packrat.apply.client import ManagementClient, scrape_metrics
+from packrat.apply.client import ManagementClient, scrape_metrics, session_for
 from packrat.apply.swap import Swapper, check_workers
 from packrat.control.values import ModelState, ObservedLatency, WorkerState
+from packrat.errors import ConfigError
 from packrat.observe import metrics
 from packrat.types import Observation
 
 
 def read_model_state(client: ManagementClient, model_store: Path, model: str, *,
-                     others: bool = True) -> ModelState:
+                     others: bool = True, default_url: str | None = None) -> ModelState:
     """The live version of `model` (two management calls; one without `others`, whose
-    other_versions is then () : a tick does not use them); TorchServeError 404 if unknown."""
-    d = client.describe_model(model)
+    other_versions is then () : a tick does not use them); TorchServeError 404 if unknown.
+    `default_url`: the default version's directory as TorchServe's list of models named it
+    (a tick's): then one call, describing every version, when the default is among them."""
+    listed = client.describe_versions(model) if others and default_url is not None else ()
+    d = next((x for x in listed if x.url == default_url), None) or client.describe_model(model)
     path = model_store / d.url
     vdir, mode = _DIRS.read(path)
-    other = tuple(x.version for x in client.describe_versions(model) if x.version != d.version) if others else ()
+    if others:
+        other = tuple(x.version for x in (listed or client.describe_versions(model)) if x.version != d.version)
+    else:
+        other = ()
     checks = {c.pid: c for c in check_workers(d, vdir)} if vdir is not None else {}
     return ModelState(
         model=model,
@@ -85,6 +91,15 @@ class _DirReads:
 _DIRS = _DirReads()
 
 
+def served_mode(path: Path) -> str | None:
+    """versions.served_mode of a registered directory, parsed again only when its files change
+    (GET /metrics asks it of every model's last plan at each scrape)."""
+    try:
+        return _DIRS.read(path)[1]
+    except ConfigError:  # a broken version: what versions.served_mode says of it
+        return versions.served_mode(path)
+
+
 def base_of(swapper: Swapper, model_store: Path, st: ModelState) -> tuple[str, Path]:
     """(name, path) of the base archive behind the live version `st`."""
     # What swapper.base_of(st.url) reads, from the parsed directories kept (_DirReads).
@@ -97,6 +112,8 @@ class Observer:
     """TorchServe's request counters per model, and the mean latency between two readings.
 
     Within one_scrape() (a tick), the thread that entered it scrapes once for every model.
+    Another thread may take the latest round's reading instead of scraping, when it is at
+    most `max_age_s` old (a status answer: the tick's, when the tick is fresh).
     """
 
     def __init__(self, metrics_url: str | None, clock: Callable[[], float]) -> None:
@@ -105,6 +122,7 @@ class Observer:
         self._last: dict[str, Observation] = {}
         # .obs: this thread's one reading of every model in a round, or None; .session: its HTTP session
         self._round = threading.local()
+        self._latest: tuple[float, dict[str, Observation]] | None = None  # (time.monotonic(), a round's)
         self.scrapes = 0  # how many times the metrics port was read (tests: once per tick)
 
     @contextlib.contextmanager
@@ -121,29 +139,39 @@ class Observer:
         self.scrapes += 1
         session = getattr(self._round, "session", None)
         if session is None:  # one kept-alive connection per thread, not a new one per scrape
-            session = self._round.session = requests.Session()
+            session = self._round.session = session_for(self.metrics_url)
         return scrape_metrics(self.metrics_url, session=session)
 
-    def observe(self, model: str) -> Observation | None:
+    def observe(self, model: str, max_age_s: float | None = None) -> Observation | None:
         """Cumulative request count and latency of `model` from TorchServe's metrics port.
 
         Summed over the version labels: unversioned traffic is labelled "default"
-        whichever version serves it.
+        whichever version serves it. `max_age_s`: outside a round, the latest round's reading
+        when it is at most that old.
         """
         if not self.metrics_url:
             return None
         seen: dict[str, Observation] | None = getattr(self._round, "obs", None)
         if seen is None:
+            latest = self._latest
+            if max_age_s is not None and latest is not None and time.monotonic() - latest[0] <= max_age_s:
+                return self._of(latest[1], model)
             return metrics.observation(self._scrape(), model, self.clock())
         if not seen:  # the round's one scrape; "" marks it taken (a model with no series yet)
             text, now = self._scrape(), self.clock()
             seen.update(metrics.observations(text, now), **{"": metrics.observation("", "", now)})
+            self._latest = (time.monotonic(), seen)  # not changed after: other threads may read it
+        return self._of(seen, model)
+
+    @staticmethod
+    def _of(seen: dict[str, Observation], model: str) -> Observation:
         found = seen.get(model)
         return found if found is not None else replace(seen[""], model=model)
 
-    def observed_latency(self, model: str) -> ObservedLatency | None:
-        """Mean latency (ms) overall and since the previous call, from counter deltas."""
-        obs = self.observe(model)
+    def observed_latency(self, model: str, max_age_s: float | None = None) -> ObservedLatency | None:
+        """Mean latency (ms) overall and since the previous call, from counter deltas
+        (`max_age_s`: see observe)."""
+        obs = self.observe(model, max_age_s)
         if obs is None:
             return None
         prev = self._last.get(model)

@@ -68,6 +68,8 @@ class Ticker:
         self.unreachable = False  # TorchServe's management API did not answer the last tick
         self.traffic = TrafficShapes()  # the sizes each model's workers served (status, /metrics)
         self._kept: dict[str, _Kept] = {}  # each model's last reading (idle models reuse it)
+        # (time.monotonic(), Swaps.releases, the models listed) of the latest tick's list
+        self._listed: tuple[float, int, dict[str, str]] | None = None
 
     def guarded(self, where: str, fn: Callable[[], Any]) -> Any:
         """Run one part of a tick; an exception is logged and counted, never raised."""
@@ -137,6 +139,7 @@ class Ticker:
     def _reachable_models(self) -> dict[str, str] | None:
         """The models TorchServe lists, each with its default version's URL; None (and the
         unreachable gauge up) when it does not answer."""
+        releases = self.swaps.releases  # before the list: a swap ending meanwhile makes it stale
         try:
             models = {m["modelName"]: m.get("modelUrl", "") for m in self.client.list_models()}
         except TorchServeError as exc:
@@ -149,7 +152,17 @@ class Ticker:
             log.warning("TorchServe's management API answers again")
             self.unreachable = False
             self.metrics.unreachable.set(0)
+        self._listed = (time.monotonic(), releases, models)
         return models
+
+    def listed(self, max_age_s: float) -> dict[str, str] | None:
+        """The models the latest tick found listed (each with its default version's URL),
+        when that list is at most `max_age_s` old and no swap ended or runs since; else None."""
+        listed = self._listed
+        if (listed is None or time.monotonic() - listed[0] > max_age_s or listed[1] != self.swaps.releases
+                or self.swaps.running is not None):
+            return None
+        return listed[2]
 
     def _tick_model(self, policy: Policy, all_state: dict[str, Any], st: ModelState,
                     profiles: tuple[Profile, ...]) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from packrat.apply import versions
+from packrat.control.live import served_mode
 from packrat.types import Plan, SwapRecord
 
 
@@ -53,7 +53,8 @@ class ControllerMetrics:
 
 class LivePlans:
     """Collector: the plan each model's last swap made live (last-plans.json), read at
-    scrape time, so GET /metrics never calls TorchServe (dashboards: docs/grafana/)."""
+    scrape time, so GET /metrics never calls TorchServe (dashboards: docs/grafana/); a
+    directory's model_config.yaml is parsed again only when it changes (live.served_mode)."""
 
     def __init__(self, last_plans: Callable[[], dict[str, dict[str, Any]]], model_store: Path) -> None:
         self.last_plans = last_plans
@@ -78,7 +79,7 @@ class LivePlans:
                 plan = Plan.from_dict(entry["plan"])
             except (KeyError, TypeError, ValueError):
                 continue
-            mode = plan.mode or versions.served_mode(self.model_store / str(entry.get("url", ""))) or ""
+            mode = plan.mode or served_mode(self.model_store / str(entry.get("url", ""))) or ""
             counts: dict[tuple[int, int], int] = {}
             for tb in plan.shape:
                 counts[tb] = counts.get(tb, 0) + 1
