@@ -310,8 +310,8 @@ B64_JUNK = st.text(st.sampled_from("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqr
 
 @st.composite
 def image_requests(draw, max_pixels: int, large: bool = False) -> Fuzz:
-    """An image request; with `large`, a third of them from large_images()."""
-    if large and draw(st.integers(0, 2)) == 0:
+    """An image request; with `large`, half of them from large_images()."""
+    if large and draw(st.booleans()):
         kind, data = draw(large_images())
     else:
         kind, data = draw(image_bytes(max_pixels))

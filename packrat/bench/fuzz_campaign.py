@@ -8,6 +8,9 @@ limit), and the workers' resident memory is read before and after.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import json
 import os
 import shutil
@@ -21,6 +24,7 @@ import requests
 import yaml
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
+from PIL import Image
 
 from packrat.archive import ArchiveOptions, build_named
 from packrat.bench.fuzz import DOCUMENTED, FORM_TYPES, TASKS, Fuzz, good_request, requests_for  # shared with the CI fuzz test
@@ -75,6 +79,9 @@ class Campaign:
         self.restarts: list[dict] = []
         self.loads: list[float] = []  # 1-minute load average at each worker check
         self.rss_start = self.worker_rss()
+        # The large images (fuzz.large_images) by size and format as sent: who answered what.
+        self.large: dict[str, Counter] = defaultdict(Counter)
+        self.large_messages: dict[str, str] = {}  # "<image> <answer>" -> the first message
 
     def worker_pids(self, model: str) -> list[int]:
         return [w["pid"] for w in self.server.management_client().describe(model)["workers"]]
@@ -125,6 +132,8 @@ class Campaign:
             self.inputs += 1
             self.counts[task][fuzz.kind][str(status)] += 1
             self.latency[fuzz.kind].append(seconds)
+            if "large" in fuzz.kind:
+                self.count_large(fuzz, status, text)
             if not self.documented(fuzz, status, text):
                 self.bad.append({"task": task, "fuzz": repr(fuzz), "status": status, "answer": text})
                 print(f"UNDOCUMENTED {task} {fuzz!r} -> {status} {text[:200]}", flush=True)
@@ -132,6 +141,18 @@ class Campaign:
         if status != 200:
             self.good_failed.append({"task": task, "status": status, "answer": text,
                                      "beside": [repr(f) for f in fuzzes]})
+
+    def count_large(self, fuzz: Fuzz, status: int, text: str) -> None:
+        image = large_label(fuzz.body)
+        if status == 413 and len(fuzz.body) > FRONTEND_MAX_BYTES:
+            answer = "413 TorchServe (body over max_request_size)"
+        else:
+            answer = str(status)
+            try:
+                self.large_messages.setdefault(f"{image} {answer}", json.loads(text)["message"][:160])
+            except (ValueError, KeyError, TypeError):
+                pass
+        self.large[image][answer] += 1
 
     @staticmethod
     def documented(fuzz: Fuzz, status: int, text: str) -> bool:
@@ -243,12 +264,30 @@ def run_campaign(inputs: int, first_seed: int, frontend_probes: int, workdir: Pa
         "worker_rss_mb": {"start": campaign.rss_start, "end": rss_end},
         **_counted(campaign, restarts_in_campaign),
         "frontend_form_probes": frontend,
+        "large_images": {k: dict(sorted(v.items())) for k, v in sorted(campaign.large.items())},
+        "large_image_messages": dict(sorted(campaign.large_messages.items())),
         "latency_s_by_kind": {k: {"p50": round(percentile(v, 50), 3), "p99": round(percentile(v, 99), 3),
                                   "max": round(max(v), 3)} for k, v in sorted(campaign.latency.items())},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def large_label(body: bytes) -> str:
+    """'<w>x<h> <format>' of the image in a request body (raw, or base64 in a JSON object,
+    read leniently: the handler refuses the mangled forms, the label still names the
+    image), from its header alone; 'no readable header' for one cut before its size."""
+    try:
+        if body.lstrip()[:1] == b"{":
+            text = json.loads(body)["image"].split(",", 1)[-1]  # after a data: URL's comma
+            body = base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_" if "_" in text or "-" in text
+                                    else None)
+        with Image.open(io.BytesIO(body), formats=("JPEG", "PNG")) as img:
+            progressive = " progressive" if img.info.get("progressive") else ""
+            return f"{img.size[0]}x{img.size[1]} {img.format}{progressive}"
+    except (ValueError, KeyError, TypeError, binascii.Error, OSError, SyntaxError, Image.DecompressionBombError):
+        return "no readable header"
 
 
 def limits_in_force(store: Path, models: dict[str, str], config_path: Path) -> dict:
@@ -309,4 +348,7 @@ def report(result: dict) -> str:
     if "worker_rss_mb" in result:  # results before the default-limit campaign lack these
         lines.append(f"limits: {result['limits']}\nworker [RSS, peak RSS] MiB, start: "
                      f"{result['worker_rss_mb']['start']}\nend: {result['worker_rss_mb']['end']}")
+        lines += ["\n| large image (header) | answers |", "|---|---|"]
+        lines += [f"| {image} | {', '.join(f'{n} x {a}' for a, n in answers.items())} |"
+                  for image, answers in result["large_images"].items()]
     return "\n".join(lines)
