@@ -28,7 +28,8 @@ from packrat.types import Observation
 def read_model_state(client: ManagementClient, model_store: Path, model: str, *,
                      others: bool = True, default_url: str | None = None) -> ModelState:
     """The live version of `model` (two management calls; one without `others`, whose
-    other_versions is then () : a tick does not use them); TorchServeError 404 if unknown.
+    other_versions is then () and whose workers are not checked against their slots
+    (WorkerState.check None): a tick uses neither); TorchServeError 404 if unknown.
     `default_url`: the default version's directory as TorchServe's list of models named it
     (a tick's): then one call, describing every version, when the default is among them."""
     listed = client.describe_versions(model) if others and default_url is not None else ()
@@ -39,7 +40,7 @@ def read_model_state(client: ManagementClient, model_store: Path, model: str, *,
         other = tuple(x.version for x in (listed or client.describe_versions(model)) if x.version != d.version)
     else:
         other = ()
-    checks = {c.pid: c for c in check_workers(d, vdir)} if vdir is not None else {}
+    checks = {c.pid: c for c in check_workers(d, vdir)} if vdir is not None and others else {}
     return ModelState(
         model=model,
         version=d.version,

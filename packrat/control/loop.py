@@ -122,7 +122,8 @@ class Ticker:
     def _reading(self, model: str) -> ModelState:
         """The model's reading for this tick: kept from an earlier tick while the model is idle
         (TorchServe counted no request since), no swap ended or runs, for IDLE_REREAD_S at most;
-        else read from TorchServe (a describe call)."""
+        else read from TorchServe (a describe call; the workers' pids are read, not checked
+        against their slots: nothing in a tick uses the checks, which read /proc per thread)."""
         try:
             obs = self.observer.observe(model)  # the tick's one scrape, shared by every model
         except TorchServeError:
