@@ -16,7 +16,9 @@
           activations quantised per batch; convolutions stay fp32; GPT-2's
           Conv1D projections are first swapped for equivalent Linears);
           ONNX Runtime / OpenVINO: ONNX Runtime's dynamic int8 quantisation
-          of the exported graph (MatMul/Gemm), which both runtimes execute.
+          of the exported graph (MatMul/Gemm, per-channel weights), which both
+          runtimes execute. Why most int8 modes miss the guard's defaults on
+          real MiniLM weights: docs/benchmarks/guard-int8-epyc.md.
     int8s int8-static: post-training static quantisation with calibration from
           the archive (quantize_static.py): convolutions and matmuls with their
           activations in int8. ONNX Runtime / OpenVINO only; refused for the
