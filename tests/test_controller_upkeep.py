@@ -1,7 +1,8 @@
 """What the controller's tick and its status answers cost stays small (issue 35 item 4):
 the decision log writes what changed, loopback calls skip requests' proxy look-ups, the
-division parses a fallback profile once per change, and a status answer takes a fresh
-tick's list of models and scrape instead of asking TorchServe again.
+division parses a fallback profile once per change, and a status answer (and the
+re-profiler's check) takes a fresh tick's list of models, readings and scrape instead of
+asking TorchServe again.
 
 Nothing here times anything: the checks count lines, calls and parses.
 """
@@ -170,6 +171,8 @@ def test_a_status_after_a_fresh_tick_asks_torchserve_once(tmp_path: Path, monkey
         listed, scrapes = c.fresh_models(), c.observer.scrapes
         assert listed is not None and set(listed) == set(models)
         calls.clear()
+        kept = c.tick_reading("m1")  # what the tick read (the re-profiler's check takes it): no call
+        assert kept is not None and calls == []
         status = c.status("m1", st=model_reading(c, "m1", c.fresh_models()))  # as the route asks
         assert calls == ["/models/m1/all"] and c.observer.scrapes == scrapes  # one call, the tick's scrape
         full = read_model_state(c.client, store, "m1")  # what a list and two describes say
@@ -177,7 +180,7 @@ def test_a_status_after_a_fresh_tick_asks_torchserve_once(tmp_path: Path, monkey
         assert (st.version, st.url, st.plan, st.other_versions, st.mode, st.cores) == (
             full.version, full.url, full.plan, full.other_versions, full.mode, full.cores)
         assert [w.described["pid"] for w in st.workers] == [w.described["pid"] for w in full.workers]
-        assert status.observed is not None
+        assert status.observed is not None and (kept.version, kept.url, kept.plan) == (st.version, st.url, st.plan)
         assert status.observed.requests_total == c.observer.observe("m1").requests_total
     finally:
         server.stop()

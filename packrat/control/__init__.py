@@ -148,6 +148,12 @@ class Controller:
         answer takes it for a list call of its own (the status page asks every 5 s per model)."""
         return self.ticker.listed(FRESH_TICKS * self.settings.tick_s)
 
+    def tick_reading(self, model: str) -> ModelState | None:
+        """The latest tick's reading of `model` while that tick is fresh (fresh_models), for a
+        periodic check that needs no more than a tick reads: its other_versions are () and its
+        workers unchecked (WorkerState.check None). None: read it (model_state)."""
+        return self.ticker.reading(model, FRESH_TICKS * self.settings.tick_s)
+
     def observe(self, model: str) -> Observation | None:
         """Cumulative request count and latency of `model` from TorchServe's metrics port."""
         return self.observer.observe(model)

@@ -165,6 +165,11 @@ class Ticker:
             return None
         return listed[2]
 
+    def reading(self, model: str, max_age_s: float) -> ModelState | None:
+        """The latest tick's reading of `model` while its list is fresh (listed), else None."""
+        kept = self._kept.get(model) if self.listed(max_age_s) is not None else None
+        return kept.state if kept is not None else None
+
     def _tick_model(self, policy: Policy, all_state: dict[str, Any], st: ModelState,
                     profiles: tuple[Profile, ...]) -> bool:
         """Hand the policy this model's TickContext, keep its state, start the swap it asks for."""

@@ -301,9 +301,9 @@ class Reprofiler:
     def check(self) -> list[str]:
         """Start a re-profile for every model whose traffic moved; returns those models."""
         c, out = self.controller, []
-        for model in c.models():
+        for model in c.fresh_models() or c.models():  # the tick's list and readings while fresh
             try:
-                st = c.model_state(model)
+                st = c.tick_reading(model) or c.model_state(model)
                 found = self.why(st)
                 if found is None:
                     continue
