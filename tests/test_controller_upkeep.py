@@ -25,6 +25,7 @@ from packrat.bench.adapt_rig import sleep_table, table_profile
 from packrat.control import Controller, ControllerSettings, division
 from packrat.control.live import read_model_state
 from packrat.observe import loop as adapt
+from packrat.observe import metrics
 from packrat.observe.loop import AdaptiveLoop, adapt_settings, log_decisions_to
 from packrat.plan import realizable_plan
 from packrat.profile.store import save_profile
@@ -167,6 +168,8 @@ def test_a_status_after_a_fresh_tick_asks_torchserve_once(tmp_path: Path, monkey
 
         monkeypatch.setattr(c.client, "_request", counted)
         assert c.fresh_models() is None  # no tick yet: a status asks TorchServe for all of it
+        requests.post(f"{server.inference_url}/predictions/m1", data=b"x", headers=server.inference_headers(),
+                      timeout=60).raise_for_status()
         c.tick()
         listed, scrapes = c.fresh_models(), c.observer.scrapes
         assert listed is not None and set(listed) == set(models)
@@ -181,6 +184,8 @@ def test_a_status_after_a_fresh_tick_asks_torchserve_once(tmp_path: Path, monkey
             full.version, full.url, full.plan, full.other_versions, full.mode, full.cores)
         assert [w.described["pid"] for w in st.workers] == [w.described["pid"] for w in full.workers]
         assert status.observed is not None and (kept.version, kept.url, kept.plan) == (st.version, st.url, st.plan)
-        assert status.observed.requests_total == c.observer.observe("m1").requests_total
+        # the tick scrapes the three request counters only (name[]=...): what the whole text says
+        whole = requests.get(f"{server.metrics_url}/metrics", timeout=10).text
+        assert status.observed.requests_total == 1 == metrics.observation(whole, "m1", 0.0).requests_total
     finally:
         server.stop()

@@ -58,9 +58,10 @@ def session_for(url: str) -> requests.Session:
 
 
 def scrape_metrics(metrics_url: str, *, timeout_s: float = 5.0,
-                   session: requests.Session | None = None) -> str:
-    """GET `<metrics_url>/metrics`: TorchServe's Prometheus text (the metrics port has no token)."""
-    url = f"{metrics_url.rstrip('/')}/metrics"
+                   session: requests.Session | None = None, query: str = "") -> str:
+    """GET `<metrics_url>/metrics[?query]`: TorchServe's Prometheus text (the metrics port has no
+    token); `query` e.g. "name[]=a&name[]=b" asks for those series only."""
+    url = f"{metrics_url.rstrip('/')}/metrics" + (f"?{query}" if query else "")
     try:
         resp = (session or requests).get(url, timeout=timeout_s)
     except requests.RequestException as exc:

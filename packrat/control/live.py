@@ -141,7 +141,9 @@ class Observer:
         session = getattr(self._round, "session", None)
         if session is None:  # one kept-alive connection per thread, not a new one per scrape
             session = self._round.session = session_for(self.metrics_url)
-        return scrape_metrics(self.metrics_url, session=session)
+        # Only the three request counters (metrics_mode prometheus also sends the host's and
+        # every worker's series: 3.3 kB for two models, their parse 4x this one's).
+        return scrape_metrics(self.metrics_url, session=session, query=metrics.METRICS_QUERY)
 
     def observe(self, model: str, max_age_s: float | None = None) -> Observation | None:
         """Cumulative request count and latency of `model` from TorchServe's metrics port.
