@@ -48,6 +48,16 @@ def test_minilm_dir_keeps_real_weights(tmp_path) -> None:
         (minilm_dir() / "model.safetensors").read_bytes()
 
 
+def test_minilm_builds_by_name_as_the_cli_lists_it(tmp_path) -> None:
+    # build_named's error lists minilm among the known names; the bench builds by name.
+    path = build_named("minilm", tmp_path, options=ArchiveOptions(max_length=32))
+    config = yaml.safe_load((path / "model_config.yaml").read_text())
+    assert path.name == "minilm" and config["packrat"]["task"] == "feature-extraction"
+    assert config["packrat"]["max_length"] == 32
+    assert (path / "model" / "model.safetensors").read_bytes() == \
+        (minilm_dir() / "model.safetensors").read_bytes()
+
+
 @pytest.mark.parametrize("call,message", [
     (lambda s: build_named("gpt3", s), "unknown architecture"),
     (lambda s: build_named("tiny-gpt2", s, options=ArchiveOptions(runtime="torchscript")), "eager only"),

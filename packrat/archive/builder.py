@@ -202,6 +202,10 @@ def build_named(
 
     if arch_name == "noop":
         return build_noop(model_store, name or "noop", options, force, reuse_current)
+    if arch_name == "minilm":  # real weights, shipped by a package: no architecture to seed
+        from packrat.archive.local_tokenizers import minilm_dir
+
+        return build_from_dir(minilm_dir(), model_store, name or "minilm", options, force, reuse_current)
     if arch_name not in ARCHITECTURES:
         raise ArchiveError(
             f"unknown architecture {arch_name!r}; known: noop, minilm, {', '.join(ARCHITECTURES)}"

@@ -43,7 +43,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Build a model archive (TorchServe no-archive directory) into the model store."""
         from packrat.archive import ArchiveOptions, build_from_dir, build_named
-        from packrat.archive.local_tokenizers import minilm_dir
         from packrat.profile.identity import content_hash
 
         options = ArchiveOptions(
@@ -52,9 +51,7 @@ def register(app: typer.Typer) -> None:
             seed=seed, workers=workers,
         )
         try:
-            if source == "minilm":
-                path = build_from_dir(minilm_dir(), model_store, name or "minilm", options, force, reuse_current)
-            elif Path(source).is_dir():
+            if source != "minilm" and Path(source).is_dir():
                 path = build_from_dir(Path(source), model_store, name or Path(source).name, options, force,
                                       reuse_current)
             else:
