@@ -2,7 +2,7 @@
 the decision log writes what changed, loopback calls skip requests' proxy look-ups, the
 division parses a fallback profile once per change, and a status answer (and the
 re-profiler's check) takes a fresh tick's list of models, readings and scrape instead of
-asking TorchServe again.
+asking TorchServe again; the REST server's housekeeping wakes once a second.
 
 Nothing here times anything: the checks count lines, calls and parses.
 """
@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from packrat.api.requests import model_reading
+from packrat.api.server import HOUSEKEEPING_S, QuietServer
 from packrat.apply.client import session_for
 from packrat.bench.adapt_rig import sleep_table, table_profile
 from packrat.control import Controller, ControllerSettings, division
@@ -142,6 +143,36 @@ def test_the_fallback_profile_is_parsed_again_only_when_it_changes(tmp_path: Pat
     assert parsed == [path, path] and again(2) == pytest.approx(3 * first[1])
     path.write_text("not a profile")
     assert division.predictor((), path, 2) is None
+
+
+def test_the_rest_server_wakes_once_a_second_and_still_stops_and_dates() -> None:
+    import time
+    from email.utils import parsedate_to_datetime
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    app.get("/x")(lambda: {"ok": True})
+    server = QuietServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    before, t0 = server.ticks, time.monotonic()
+    time.sleep(3.0)
+    woken, held = server.ticks - before, time.monotonic() - t0
+    assert woken <= held / HOUSEKEEPING_S + 1  # uvicorn's own loop: 10 a second (30 here)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    answer = requests.get(f"http://127.0.0.1:{port}/x", timeout=10)
+    assert answer.json() == {"ok": True}
+    sent = parsedate_to_datetime(answer.headers["date"]).timestamp()
+    assert abs(sent - time.time()) <= HOUSEKEEPING_S + 2  # the Date header is kept current
+    server.should_exit = True
+    thread.join(timeout=HOUSEKEEPING_S + 10)
+    assert not thread.is_alive()
 
 
 @pytest.mark.torchserve

@@ -6,6 +6,7 @@
     guard     the token check, before any body is read
     spec      the OpenAPI document's error answers
     web       the status page's static files (GET /ui)
+    server    uvicorn, its housekeeping woken once a second (QuietServer)
 """
 
 from __future__ import annotations

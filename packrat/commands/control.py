@@ -195,9 +195,10 @@ def _serve_api(controller: Controller, host: str, port: int, stop: threading.Eve
     import uvicorn
 
     from packrat.api import create_app
+    from packrat.api.server import QuietServer
 
     config = uvicorn.Config(create_app(controller), host=host, port=port, log_level="warning")
-    server = uvicorn.Server(config)
+    server = QuietServer(config)  # uvicorn's housekeeping once a second, not ten times
     typer.echo(f"packrat controller API on http://{host}:{port} (token: TorchServe management key)", err=True)
 
     def watch() -> None:
