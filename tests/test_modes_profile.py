@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from packrat.plan import MODE_MARGIN
 from packrat.profile import load_profile
 
 needs_ov = pytest.mark.skipif(
@@ -51,4 +52,7 @@ def test_profile_per_mode_records_build_cost_and_plan_chooses(tmp_path: Path) ->
     result = json.loads(r.stdout)
     latencies = {m["mode"]: m["plan"]["predicted_latency_ms"] for m in result["modes"]}
     assert set(latencies) == {"fp32-eager", "int8-openvino"}
-    assert result["best"] == min(latencies, key=latencies.get)
+    # The tune's rule (packrat.plan.modes): the first listed mode within MODE_MARGIN of the
+    # fastest, so a later mode wins only when more than 3 % faster (the two can be that close).
+    limit = min(latencies.values()) * (1.0 + MODE_MARGIN)
+    assert result["best"] == next(m["mode"] for m in result["modes"] if latencies[m["mode"]] <= limit)
