@@ -4,6 +4,7 @@ model_log, and Prometheus still gets the latency counters the controller reads."
 
 from __future__ import annotations
 
+import gzip
 import logging
 import re
 import socket
@@ -98,6 +99,15 @@ def _since(path: Path, offset: int) -> str:
 
 
 @pytest.mark.torchserve
+def _whole_ts_log(logs: Path) -> list[str]:
+    """ts_log.log with what log4j2 rolled out of it before (packrat/log4j2.xml rolls at
+    midnight and at 100 MB into ts_log.<day>.log.gz), oldest first: a session server
+    started before midnight has its start-up report in the rolled file."""
+    rolled = sorted(logs.glob("ts_log.*.log.gz"), key=lambda p: p.stat().st_mtime)
+    text = "".join(gzip.decompress(p.read_bytes()).decode("utf-8", "replace") for p in rolled)
+    return (text + (logs / "ts_log.log").read_text()).splitlines()
+
+
 def test_requests_leave_only_the_access_log_line(torchserve) -> None:
     """Only what this test's requests wrote is read (the session server's logs also hold
     every other module's lines), except the start-up report, written once per server."""
@@ -119,7 +129,7 @@ def test_requests_leave_only_the_access_log_line(torchserve) -> None:
     assert "Backend received inference" not in model_log
     # The frontend's info lines (its start-up report, written before any test) still reach
     # ts_log, each once (the built-in configuration writes org.pytorch.serve's lines twice).
-    whole = files["ts_log"].read_text().splitlines()
+    whole = _whole_ts_log(logs)
     assert sum(line.startswith("Torchserve version") for line in whole) == 1
     start_up = whole[:next(i for i, line in enumerate(whole) if line.startswith("Torchserve version"))]
     lines = [re.sub(r"^\S+ ", "", line) for line in start_up if "org.pytorch.serve" in line]
