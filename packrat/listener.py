@@ -53,17 +53,25 @@ def listener_uids(host: str, port: int, proc_net: Path = Path("/proc/net")) -> l
     return uids
 
 
+def loopback(url: str) -> bool:
+    """`url` names this machine's loopback interface (localhost, 127.0.0.0/8, ::1)."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: not on this machine's loopback
+
+
 def untrusted_listener(url: str) -> str | None:
     """None if the management key may be sent to `url`; else why not (for a loopback URL: a
     socket there belongs to another user, or /proc cannot say whose it is). Nothing listening
     is None: the call then fails to connect as it would anyway. Other hosts are not checked."""
+    if not loopback(url):
+        return None
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        if not (host == "localhost" or ipaddress.ip_address(host).is_loopback):
-            return None
-    except ValueError:
-        return None  # a name: not on this machine's loopback
     try:
         uids = listener_uids(host, port)
     except OSError as exc:

@@ -14,37 +14,25 @@ Every management call goes through `ManagementClient._request`, which
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from packrat.apply.keys import Keys, read_keys
 from packrat.errors import TorchServeError
+from packrat.listener import loopback
 
 # TorchServe 0.12 answers a missing, wrong or expired key with HTTP 400 and this text.
 _TOKEN_FAILED = "Token Authorization failed"
 # Refresh a key this long before its stated expiry, so a call rarely races the clock.
 # Small: refreshing rotates the key for every other user of it too.
 DEFAULT_EXPIRY_MARGIN_S = 2.0
-
-
-def loopback(url: str) -> bool:
-    """`url` names this machine's loopback interface (localhost, 127.0.0.0/8, ::1)."""
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def session_for(url: str) -> requests.Session:
