@@ -66,6 +66,7 @@ def policy_state_from_json(d: dict[str, Any]) -> PolicyState:
         correction=Correction(**d.get("correction", {})),
         seen_batch=d.get("seen_batch"),
         seen_since_s=d.get("seen_since_s"),
+        seen_step=bool(d.get("seen_step", False)),
         swap_times=tuple(float(t) for t in d.get("swap_times", ())),
         misplaced_since_s=d.get("misplaced_since_s"),
     )

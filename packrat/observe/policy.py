@@ -26,9 +26,24 @@ Rules, in order (the first that applies gives the reason):
                       has held min_stable_s
   no-prediction       the active plan cannot be scored at this B
   same-plan           the best plan for B is the one running
-  estimate-settling   B changed less than min_stable_s ago (a short spike
-                      and its queue drain can move a 5 s window for a few
-                      seconds: recorded in tests/data/observe/spike.jsonl)
+  estimate-settling   B changed less than the hold for this gain ago (a short
+                      spike and its queue drain can move a 5 s window for a
+                      few seconds: recorded in tests/data/observe/spike.jsonl):
+                        hold = fast_stable_s (0.9 s) if gain >= fast_gain (0.5, 1.5x),
+                                 B took its value at a step (Estimate.step: the
+                                 estimator's step detector, two windows 2x off B)
+                                 and the raw window still reads B
+                        hold = min_stable_s (5 s)   otherwise
+                      A clear step moves B by the step detector, which
+                      restarts the window where the step began, so the window
+                      reads the new B from then on; the recorded spike moves B
+                      by the majority (its drain keeps a 5 s window at 3.3 for
+                      4 s: not 2x off B = 2). So a 1 -> 8 step with a 1.9x plan
+                      is decided the tick after B moves (3.5-4.0 s after the
+                      step on the recorded trace, not 7.5-8.0), while a 1.2x
+                      plan, a B the majority moved, or one the window no longer
+                      reads waits 5 s. (A burst that doubles the window for two
+                      ticks and still fills it a tick later passes for a step.)
   gain-below-threshold  predicted gain ≤ gain_threshold
   dwell               the last swap was less than the dwell for this gain ago:
                         dwell(gain) = min_dwell_s · min(1, (gain_threshold / gain) ** dwell_power)
@@ -110,8 +125,15 @@ class PolicySettings:
     # swap_window_s (2 in 120 s: one a minute on average, a burst of two).
     swap_window_s: float = 120.0
     max_swaps_per_window: int = 2
-    # The estimated B must have held this long before a swap to its plan.
+    # The estimated B must have held this long before a swap to its plan...
     min_stable_s: float = 5.0
+    # ...or only fast_stable_s for a gain swap of at least fast_gain when B came from
+    # the estimator's step detector and the raw window still reads it (module doc,
+    # estimate-settling): 4 s more of a large gain lost after a clear step cost more
+    # than a swap, and a spike moves B by the majority. fast_gain = inf: off.
+    # 0.9 s: the next 1 s tick confirms B, though it comes a few ms early.
+    fast_gain: float = 0.5
+    fast_stable_s: float = 0.9
     # Observed latency is trusted for the correction only this long after the
     # active plan came in (warm-up, queues left over from the swap).
     settle_s: float = 15.0
@@ -145,6 +167,7 @@ class PolicyState:
     correction: Correction = field(default_factory=Correction)
     seen_batch: int | None = None  # the estimated B of the last ready tick, IDLE when idle
     seen_since_s: float | None = None  # since when it has had that value
+    seen_step: bool = False  # it took that value at a step (Estimate.step)
     swap_times: tuple[float, ...] = ()  # swaps ordered within the last swap_window_s
     misplaced_since_s: float | None = None  # since when the plan runs outside the model's cores
 
@@ -223,14 +246,30 @@ def required_dwell_s(gain: float | None, settings: PolicySettings) -> float:
     return settings.min_dwell_s * min(1.0, (settings.gain_threshold / gain) ** settings.dwell_power)
 
 
-def _held(state: PolicyState, ctx: PolicyContext) -> tuple[int | None, float | None, float]:
-    """(value, since when, seconds held) of the ready estimate; idle is a value of its own."""
+def required_stable_s(gain: float | None, clear_step: bool, settings: PolicySettings) -> float:
+    """How long B must have held before a gain swap (module doc, estimate-settling):
+    fast_stable_s for a large gain after a clear step, else min_stable_s."""
+    if clear_step and gain is not None and gain >= settings.fast_gain:
+        return min(settings.fast_stable_s, settings.min_stable_s)
+    return settings.min_stable_s
+
+
+def _clear_step(est: Estimate, seen_step: bool) -> bool:
+    """B came from the step detector and the raw window still reads it."""
+    return (seen_step and not est.idle and est.concurrency is not None
+            and round_pow2(est.concurrency) == est.batch)
+
+
+def _held(state: PolicyState, ctx: PolicyContext) -> tuple[int | None, float | None, float, bool]:
+    """(value, since when, seconds held, whether it came at a step) of the ready estimate;
+    idle is a value of its own."""
     est = ctx.estimate
-    seen_batch, seen_since = state.seen_batch, state.seen_since_s
+    seen_batch, seen_since, seen_step = state.seen_batch, state.seen_since_s, state.seen_step
     value = IDLE if est.idle else est.batch
     if est.ready and value != seen_batch:
-        seen_batch, seen_since = value, ctx.now_s
-    return seen_batch, seen_since, (ctx.now_s - seen_since if seen_since is not None else 0.0)
+        seen_batch, seen_since, seen_step = value, ctx.now_s, est.step
+    held = ctx.now_s - seen_since if seen_since is not None else 0.0
+    return seen_batch, seen_since, held, seen_step
 
 
 def _misplaced_since(state: PolicyState, ctx: PolicyContext) -> float | None:
@@ -305,7 +344,7 @@ def _score(ctx: PolicyContext, corr: Correction) -> _Scores:
 
 
 def _rule(ctx: PolicyContext, sc: _Scores, stable_for: float, moved_for: float,
-          since: float | None) -> tuple[bool, str]:
+          since: float | None, clear_step: bool) -> tuple[bool, str]:
     """(swap, reason): the module doc's rules up to "gain", first match wins."""
     s, est, cur = ctx.settings, ctx.estimate, ctx.current
     settling = stable_for < s.min_stable_s
@@ -331,7 +370,7 @@ def _rule(ctx: PolicyContext, sc: _Scores, stable_for: float, moved_for: float,
         return False, "no-prediction"
     if same_shape(cur, sc.chosen):
         return False, "same-plan"
-    if settling:
+    if stable_for < required_stable_s(sc.cgain, clear_step, s):
         return False, "estimate-settling"
     if sc.cgain is None or sc.cgain <= s.gain_threshold:
         return False, "gain-below-threshold"
@@ -344,12 +383,12 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
     """One tick of the re-plan decision. Pure."""
     s, est, cur = ctx.settings, ctx.estimate, ctx.current
     since = _since(state, ctx)
-    seen_batch, seen_since, stable_for = _held(state, ctx)
+    seen_batch, seen_since, stable_for, seen_step = _held(state, ctx)
     corr, gap, observed = _learn(state.correction, ctx, since)
     sc = _score(ctx, corr)
     misplaced_since = _misplaced_since(state, ctx)
     moved_for = ctx.now_s - misplaced_since if misplaced_since is not None else 0.0
-    swap, reason = _rule(ctx, sc, stable_for, moved_for, since)
+    swap, reason = _rule(ctx, sc, stable_for, moved_for, since, _clear_step(est, seen_step))
     recent = tuple(t for t in state.swap_times if ctx.now_s - t < s.swap_window_s)
     if swap and len(recent) >= s.max_swaps_per_window:
         swap, reason = False, "swap-rate"
@@ -365,7 +404,7 @@ def decide(state: PolicyState, ctx: PolicyContext) -> tuple[Decision, PolicyStat
         dwell_s=required_dwell_s(sc.cgain, s) if sc.cgain is not None else None,
     )
     new_state = replace(state, correction=corr, seen_batch=seen_batch, seen_since_s=seen_since,
-                        swap_times=recent, misplaced_since_s=misplaced_since)
+                        seen_step=seen_step, swap_times=recent, misplaced_since_s=misplaced_since)
     if swap:
         new_state = replace(new_state, last_swap_s=ctx.now_s, swaps=state.swaps + 1,
                             swap_times=recent + (ctx.now_s,))
