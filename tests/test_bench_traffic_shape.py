@@ -61,14 +61,25 @@ def test_a_short_live_run_records_every_field(tiny_store: Path, tmp_path: Path) 
     save_profile(start, tmp_path / "start.json")
     out = tmp_path / "traffic-shape-tiny.jsonl"
     rows = run(Options(model_dir=tiny_store / "tiny-bert", out_jsonl=out, start_profile=tmp_path / "start.json",
-                       rounds=1, window_s=2.0, settle_timeout_s=3.0, hold_s=1.0, command="test"))
+                       rounds=1, window_s=4.0, settle_timeout_s=3.0, hold_s=1.0, round_trip_s=1.0,
+                       command="test"))
     assert [(r["round"], r["phase"]) for r in rows] == [(1, "A"), (1, "B")]
     for r in rows:
         assert set(PHASE_FIELDS) <= set(r), set(PHASE_FIELDS) - set(r)
         assert r["failed"] == 0 and r["requests"] > 0, r["errors"]
-        assert r["observed"]["p50_ms"] > 0 and r["predicted_for"] == {"tokens": 128}
-        assert r["planned_from"] == "profiles/tiny-bert.json"
-    assert rows[0]["traffic"]["p90"] <= 8 and rows[1]["traffic"]["p90"] > 8  # the workers counted both shapes
+        # a window on a loaded machine may see nothing answered: then no latency, not 0 ms
+        answered = r["observed"]["requests"] - r["observed"]["failed"]
+        assert (r["observed"]["p50_ms"] or 0) > 0 if answered else r["observed"]["p50_ms"] is None
+        # the start profile (128 tokens), or the Reprofiler's at the short texts once it ran
+        if r["planned_from"] == "profiles/tiny-bert.json":
+            assert r["predicted_for"] == {"tokens": 128}
+        else:
+            assert r["planned_from"] == f"profiles/tiny-bert/{r['mode']}.json"
+            assert any(x["reprofiles"] for x in rows[:rows.index(r) + 1])  # one of this phase or before
+            assert r["predicted_for"]["tokens"] <= 8
+    # what the live workers counted (None: workers just swapped in, nothing counted yet); in
+    # phase A only short texts were sent
+    assert rows[0]["traffic"] is None or 0 < rows[0]["traffic"]["p90"] <= 8
     kinds = [r["kind"] for r in read_records(out)]
     assert kinds == ["run", "start-profile", "round-trip", "phase", "phase", "end"]
     assert next(r for r in read_records(out) if r["kind"] == "round-trip")["failed"] == 0

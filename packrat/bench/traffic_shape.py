@@ -123,6 +123,7 @@ class Options:
     hold_s: float = 10.0  # settled for this long before the window opens
     profile_budget_s: float = 120.0
     profile_max_batch: int = 8
+    round_trip_s: float = 3.0  # the generator's own round trip is measured this long
     command: str = ""
 
 
@@ -257,8 +258,11 @@ def run_phase(sv: Serving, rnd: int, name: str) -> dict[str, Any]:
         st = sv.get(f"/v1/models/{sv.model}/status")
     finally:
         samples = load.stop()
-    in_window = [s for s in samples if w0 <= s.start and s.start + s.latency_s <= w1]
+    # the requests answered within the window (one sent just before it counts: it was served in it)
+    in_window = [s for s in samples if w0 <= s.start + s.latency_s <= w1]
     obs = latency_summary(in_window, 2)
+    if not any(s.ok for s in in_window):  # nothing answered: no latency, not 0 ms
+        obs.update(p50_ms=None, p99_ms=None)
     obs["throughput_rps"] = round(sum(1 for s in in_window if s.ok) / (w1 - w0), 2)
     pred = predicted(decisions)
     profile_file, made_at = planned_from(sv.state, sv.model, st.get("mode"))
@@ -326,7 +330,7 @@ def serving(opts: Options, root: Path, log: ResultLog) -> Iterator[Serving]:
     (store / model).symlink_to(opts.model_dir.resolve(), target_is_directory=True)
     (state / "profiles").mkdir(parents=True)
     log.append("start-profile", start_profile(opts, state / "profiles" / f"{model}.json"))
-    log.append("round-trip", round_trip(opts.clients))
+    log.append("round-trip", round_trip(opts.clients, opts.round_trip_s))
     env = {packrat_settings.get("slot_dir").env: str(root / "slots")}
     server = start_torchserve(store, root / "ts", slot_dir=root / "slots",
                               extra_properties={"token_expiration_min": "480"})
