@@ -11,7 +11,9 @@ leaves a profile made at the task's sample (no sizes) alone, so without them it 
 follow the traffic.
 
 Phases, each with `clients` closed-loop clients (ContinuousLoad: every request accounted for):
-A sends texts of <= 8 tokens, B texts of ~128; rounds repeat A B so the noise is seen. A phase
+A sends texts of <= 8 tokens, B texts that fill the archive's max_length (128 tokens for
+BERT-base, counted by its own tokenizer); rounds repeat A B so the noise is seen. A phase:
+
 1. loads until the controller has settled for that traffic (settled(): its own state, read
    every second from status, /v1/jobs and the loop's decisions; SETTLE_TIMEOUT_S at most,
    then it is measured anyway and marked settled: false);
