@@ -68,9 +68,9 @@ def test_a_shift_asks_for_a_re_profile_once(tiny_store: Path, tmp_path: Path,
     assert _remeasure(profile, 2) == {"max_batch": 1, "cores": 1, "budget_s": 60.0}
     assert _remeasure(made_at(None), 2) == {"max_batch": 1, "cores": 2, "budget_s": 180.0}
 
-    # a profile made at the task's sample before there was traffic: not redone for the traffic alone
+    # a profile whose sizes are not known (made before profiles recorded their sample's): redone
     save_profile(made_at({"max_batch": 1}), c.profile_path("minilm"))
-    assert r.why(st) is None
+    assert r.why(st)[1] == "input shape profiled at is not known (made before sizes were recorded); traffic's: tokens 6"
     save_profile(made_at({"sizes": [["tokens", 8]]}), c.profile_path("minilm"))
     assert r.why(st) is None  # 6 against 8: within the shift factor
     save_profile(made_at(MADE_AT_128), c.profile_path("minilm"))

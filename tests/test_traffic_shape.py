@@ -87,9 +87,12 @@ def test_profiles_and_tunes_take_the_traffics_sizes_and_a_shift_retunes(slot_dir
     assert profile_sizes(st, 1) == (("tokens", 6),)
     assert why_retune(done, st) == "traffic's input shape moved (tokens 120 -> 6)"
     assert why_retune(TuneRecord(model="bert", state="done", batch=1, detail={"sizes": {"tokens": 7}}), st) is None
-    assert why_retune(TuneRecord(model="bert", state="done", batch=1, detail={"sizes": {}}), st) is None
-    # tuned before traffic existed (at the task's sample): not redone for the traffic alone
-    assert why_retune(TuneRecord(model="bert", state="done", batch=1), st) is None
+    # a tune whose sizes are not known (recorded by code from before a tune recorded its sample's):
+    # tuned again once there is traffic; a failed one is not retried for it
+    unknown = "input shape profiled at is not known (made before sizes were recorded); traffic's: tokens 6"
+    assert why_retune(TuneRecord(model="bert", state="done", batch=1, detail={"sizes": {}}), st) == unknown
+    assert why_retune(TuneRecord(model="bert", state="done", batch=1), st) == unknown
+    assert why_retune(TuneRecord(model="bert", state="failed", batch=1), st) is None
     assert why_retune(TuneRecord(model="bert", state="running", batch=1), st) is None
     assert why_retune(None, st) is None  # never tuned: why_tune says so
     counters.add_sizes({"pixels": [50_000] * 30})
@@ -99,7 +102,7 @@ def test_profiles_and_tunes_take_the_traffics_sizes_and_a_shift_retunes(slot_dir
     made_at = Profile(model_id="m", points=(), extra={"settings": {"sizes": [["tokens", 128]]}})
     assert _sizes_moved(made_at, (("tokens", 6),)) == ["tokens"]
     assert _sizes_moved(made_at, (("tokens", 110),)) == [] and _sizes_moved(made_at, ()) == []
-    assert _sizes_moved(Profile(model_id="m", points=()), (("tokens", 6),)) == []  # made at the sample
+    assert _sizes_moved(Profile(model_id="m", points=()), (("tokens", 6),)) == ["tokens"]  # sizes not known
 
 
 @pytest.mark.torchserve

@@ -20,7 +20,7 @@ from typing import Any
 
 from packrat import slots
 from packrat.control.values import ModelState
-from packrat.profile.shape import representative_sizes, shifted
+from packrat.profile.shape import representative_sizes, shifted, timed_sizes
 from packrat.types import Profile, TuneRecord
 from packrat.worker_counters import SIZE_KINDS, SizeHistogram
 
@@ -66,22 +66,25 @@ def profile_sizes(st: ModelState, batch: int) -> tuple[tuple[str, int], ...]:
 
 
 def profiled_at(profile: Profile) -> dict[str, int]:
-    """The request sizes a profile timed (its settings' sizes); {}: the task's own sample."""
-    pairs = (profile.extra.get("settings") or {}).get("sizes") or ()
-    return {str(k): int(v) for k, v in pairs}
+    """The request sizes a profile timed (packrat.profile.shape.timed_sizes: the traffic's
+    it was asked for, or the task's own sample's); {}: not known (made before profiles
+    recorded their sample's sizes)."""
+    return timed_sizes(profile)
 
 
 def _moved(before: Mapping[str, int], st: ModelState, batch: int) -> str | None:
     """Why sizes measured at `before` no longer describe the traffic at load batch `batch`
-    (packrat.profile.shape.shifted), or None. Nothing to compare without `before`: a tune
-    or profile made at the task's sample before there was traffic is not redone for the
-    traffic alone (as before sizes existed)."""
-    if not before:
-        return None
+    (packrat.profile.shape.shifted), or None; None too while there is no traffic to compare
+    with. Sizes not known (`before` empty: a tune or profile made before they were recorded)
+    count as moved once there is traffic: the caller's own record of what it then measured
+    (the new profile's or tune's sizes, the Reprofiler's `tried`) keeps that to one try."""
     now = dict(profile_sizes(st, batch))
     moved = shifted(before, now)
     if not moved:
         return None
+    if not before:
+        return "input shape profiled at is not known (made before sizes were recorded); traffic's: " + ", ".join(
+            f"{k} {now[k]}" for k in moved)
     return "traffic's input shape moved (" + ", ".join(
         f"{k} {before.get(k, 'none')} -> {now[k]}" for k in moved) + ")"
 
@@ -90,12 +93,15 @@ def why_retune(record: TuneRecord | None, st: ModelState) -> str | None:
     """Why the model needs tuning again for its traffic (None: it does not): the traffic
     sizes its last finished tune profiled at moved beyond packrat.profile.shape.SHIFT_FACTOR
     from the traffic's now. A tune records its sizes whether it succeeds or fails, so a
-    shift starts one tune, not one per check. A tune made before there was traffic (at the
-    task's sample) is not redone for the traffic alone; the next tune for any reason
-    profiles at the traffic's sizes."""
+    shift starts one tune, not one per check; a tune made before there was traffic records
+    the task's sample's (the chosen mode's profile's), compared the same way. A finished
+    tune whose sizes are not known (made before they were recorded) is tuned again once
+    there is traffic; a failed one is not (why_tune: no automatic retry of a failure)."""
     if record is None or record.state not in ("done", "failed"):
         return None
     before = {str(k): int(v) for k, v in (record.detail.get("sizes") or {}).items()}
+    if not before and record.state == "failed":
+        return None
     return _moved(before, st, record.batch or 1)
 
 

@@ -270,10 +270,13 @@ class Reprofiler:
     here, for the live plan's B on as many cores, applied as a tune applies its choice.
 
     Left alone like the auto-tuner's: pinned models, models that are not Packrat archives,
-    models with no profile to plan from, and a profile made at the task's sample before
-    there was traffic. One try per shift: a re-profile that fails is not retried until the
-    traffic moves again from the sizes it tried, and none starts within min_gap_s of the
-    last one for the model (a load batch moving back and forth moves the sizes with it)."""
+    and models with no profile to plan from. A profile made at the task's sample before
+    there was traffic records the sample's sizes and is compared like any other; one whose
+    sizes are not known (made before they were recorded) counts as moved once there is
+    traffic. One try per shift: a re-profile that fails (or again records no sizes: an
+    archive whose task cannot time the traffic's) is not retried until the traffic moves
+    again from the sizes it tried, and none starts within min_gap_s of the last one for the
+    model (a load batch moving back and forth moves the sizes with it)."""
 
     def __init__(self, controller: Controller, interval_s: float = 10.0, min_gap_s: float = 300.0,
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -83,8 +83,9 @@ class ProfileSettings:
     corun: bool = True
     corun_share: float = 0.3
     # The request size per kind to time ((kind, size) pairs: packrat.worker_counters.SIZE_KINDS),
-    # e.g. the traffic's own (packrat.profile.shape); (): the task's sample. Kept in the profile's
-    # settings: the input shape its figures are for.
+    # e.g. the traffic's own (packrat.profile.shape); (): the task's sample. The profile's
+    # settings keep the sizes timed instead (_Run.timed_sizes: these, and the sample's own
+    # for every other kind): the input shape its figures are for.
     sizes: tuple[tuple[str, int], ...] = ()
 
     def validate(self, usable: int) -> None:
@@ -285,12 +286,22 @@ class _Run:
                 "model_name": self.archive.model_name,
                 "created": self.created,
                 "complete": complete,
-                "settings": {**asdict(settings), "batches": self.batches, "core_ids": self.cores[: settings.cores]},
+                "settings": {**asdict(settings), "batches": self.batches, "core_ids": self.cores[: settings.cores],
+                             "sizes": self.timed_sizes()},
                 "duration_s": round(self.elapsed(), 1),
                 "workers": list(self.workers),
                 "omitted": sorted(self.omitted + left, key=lambda o: (o["threads"], o["batch"])),
             },
         )
+
+    def timed_sizes(self) -> tuple[tuple[str, int], ...]:
+        """The request size per kind the points were timed at (the workers' "sizes": those
+        asked for, and the task's own sample's as a served worker counts them), the profile's
+        settings' "sizes"; those asked for until a point is timed. (): not known (the sample
+        of an archive whose task cannot count it; packrat.profile.shape.timed_sizes)."""
+        if not self.points:
+            return tuple(self.settings.sizes)
+        return tuple(sorted((self.points[0].meta.get("sizes") or {}).items()))
 
     def _landed(self, bar: _Progress) -> None:
         bar.step()

@@ -1,7 +1,10 @@
 """The input shape to profile for: representative request sizes of the traffic served.
 
 A profile times one request size per kind (ProfileSettings.sizes; none: the task's
-own sample, e.g. a text of max_length tokens). The workers' size histograms
+own sample, e.g. a text of max_length tokens) and records the sizes it timed in its
+settings (timed_sizes()): those asked for, and the sample's own as the served worker
+counts them (Task.served_sizes), so a profile made before there was traffic is
+compared with the traffic like any other. The workers' size histograms
 (packrat.worker_counters, summed per model by packrat.control.traffic) say what the
 traffic really sends. A batch is padded to its longest text and generates until its
 longest answer ends, so what a batch of B costs follows the largest of B sizes: its
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from packrat.types import Profile
 from packrat.worker_counters import SizeHistogram
 
 MIN_REQUESTS = 20  # fewer requests of a kind than this: not yet a distribution
@@ -48,3 +52,12 @@ def shifted(profiled: Mapping[str, int], now: Mapping[str, int], factor: float =
         if before is None or max(size, before) > factor * max(1, min(size, before)):
             out.append(kind)
     return out
+
+
+def timed_sizes(profile: Profile | None) -> dict[str, int]:
+    """The request size per kind a profile was timed at (its settings' "sizes"). {}: not
+    known: a profile made before profiles recorded their sample's sizes, or one of an
+    archive whose task cannot count them; shifted() then takes every kind of traffic as
+    moved (the caller bounds how often that re-measures)."""
+    pairs = ((profile.extra.get("settings") or {}).get("sizes") or ()) if profile is not None else ()
+    return {str(k): int(v) for k, v in pairs}

@@ -131,24 +131,40 @@ def _sample_requests(task: Any, batch: int, sizes: dict[str, int] | None) -> tup
     return task.sample_requests(batch), None
 
 
+def _served_once(task: Any, requests: list[dict], asked: dict[str, int] | None) -> dict[str, int] | None:
+    """Serve `requests` once, untimed (the handler must answer each), and say the request
+    size per kind they were timed at: a kind asked for as asked, every other kind as the
+    served worker's size histogram counts it (the task's own Task.served_sizes, so the
+    sample's sizes compare with the traffic's like for like; the requests are copies of
+    one, so any row's size is theirs). None: none asked and the task cannot count them
+    (an archive built before request sizes)."""
+    counted: dict[str, list[int]] = {}
+    if hasattr(task, "serve") and hasattr(task, "served_sizes"):
+        served, responses = task.serve(requests)
+        counted = task.served_sizes(served, responses) if served.valid else {}
+    else:
+        responses = task.run(requests)
+    if len(responses) != len(requests):
+        raise RuntimeError(f"handler returned {len(responses)} responses for a batch of {len(requests)}")
+    timed = {kind: max(sizes) for kind, sizes in counted.items() if sizes}
+    return {**timed, **(asked or {})} or None
+
+
 def _time_batch(task: Any, batch: int, scope: str, rule: Any, deadline: float | None,
                 threads: int, sizes: dict[str, int] | None = None) -> dict[str, Any] | None:
     """One point's statistics and meta ("point" event fields), None if the budget ran out in warm-up.
     `sizes`: the request size per kind to time (the traffic's, ProfileSettings.sizes); none:
-    the task's own sample."""
+    the task's own sample. The meta's "sizes" are those timed (_served_once)."""
     from packrat.profile.stats import measure
 
-    requests, sizes = _sample_requests(task, batch, sizes)
+    requests, asked = _sample_requests(task, batch, sizes)
+    sizes = _served_once(task, requests, asked)
     if scope == "model":
         inputs = task.preprocess(requests)
 
         def call() -> object:
             return task.forward(inputs)
     else:
-        responses = task.run(requests)
-        if len(responses) != batch:
-            raise RuntimeError(f"handler returned {len(responses)} responses for a batch of {batch}")
-
         def call() -> object:
             return task.run(requests)
 
@@ -174,7 +190,7 @@ def _time_batch(task: Any, batch: int, scope: str, rule: Any, deadline: float | 
             "warmup_calls": stats.warmup_calls,
             "elapsed_s": round(stats.elapsed_s, 3),
             "pid": os.getpid(),
-            "sizes": sizes,  # the request sizes timed (None: the task's own sample)
+            "sizes": sizes,  # the request sizes timed (None: the task's own sample, its size unknown)
             "cpu_share": round(cpu_share, 3),
             "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         },

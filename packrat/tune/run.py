@@ -51,7 +51,7 @@ from packrat.profile.fingerprint import config_in_mode, current_fingerprint
 from packrat.profile.identity import archive_in_mode
 from packrat.profile.library import HASHES, check_mode_profile, profile_file
 from packrat.profile.probe import probe_archive
-from packrat.profile.shape import shifted
+from packrat.profile.shape import shifted, timed_sizes
 from packrat.tune.modes import ALL, candidate_modes
 from packrat.types import Plan, Profile, TunePlanRow, TuneRecord
 
@@ -78,7 +78,8 @@ class TuneSettings:
     point_budget_s: float = DEFAULT_POINT_BUDGET_S
     fresh: bool = False  # re-profile modes whose profile is still valid
     # The traffic's request sizes to profile at ((kind, size): packrat.profile.shape); (): the
-    # task's sample. A saved profile made at sizes these moved away from is measured again.
+    # task's sample. A saved profile timed at sizes these moved away from (or at sizes it did
+    # not record) is measured again; the record keeps the sizes the choice was timed at.
     sizes: tuple[tuple[str, int], ...] = ()
 
     @property
@@ -304,7 +305,11 @@ def tune_model(
     run = _Run(archive, model, Path(state_dir), settings, tracker, log_dir, started)
     todo, profiles = _settle(run, modes, requested, previous)
     _measure(run, todo, caps.mode, profiles)
-    return _choose(run, modes, profiles)
+    result = _choose(run, modes, profiles)
+    # The sizes the choice's figures were timed at: the traffic's asked for, the task's own
+    # sample's for the other kinds (the chosen mode's profile); why_retune compares them.
+    tracker.set(sizes={**timed_sizes(profiles[result.plan.mode]), **dict(settings.sizes)})
+    return result
 
 
 def _settle(run: _Run, modes: list[str], requested: list[str], previous: TuneRecord | None
@@ -341,14 +346,14 @@ def _settle(run: _Run, modes: list[str], requested: list[str], previous: TuneRec
 
 
 def _sizes_moved(profile: Profile | None, sizes: tuple[tuple[str, int], ...]) -> list[str]:
-    """The kinds of `sizes` (the traffic's) that the traffic sizes the profile was made at
-    are far from (packrat.profile.shape.shifted). None without traffic sizes, and none for
-    a profile made at the task's own sample: that one stays valid, as before sizes existed,
-    until a tune for another reason measures the mode again (at the traffic's sizes)."""
-    made_at = (profile.extra.get("settings") or {}).get("sizes") if profile is not None else None
-    if not made_at or not sizes:
+    """The kinds of `sizes` (the traffic's) that the sizes the profile was timed at (the
+    traffic's it was asked for, or the task's own sample's: timed_sizes) are far from
+    (packrat.profile.shape.shifted). None without traffic sizes. A profile whose sizes are
+    not known (made before profiles recorded their sample's) counts as moved: measured
+    again at the traffic's sizes, which the new profile then records."""
+    if not sizes:
         return []
-    return shifted({str(k): int(v) for k, v in made_at}, dict(sizes))
+    return shifted(timed_sizes(profile), dict(sizes))
 
 
 def _measure(run: _Run, todo: list[str], own_mode: str, profiles: dict[str, Profile]) -> None:
