@@ -197,12 +197,14 @@ def test_alternate_figures_time_below_share_while_loaded() -> None:
         "below_share_s": 4.5,
         # the division gave 1 core over [100, 102)
         "division_below_share_s": 2.0,
+        # the division gave 2 from 102: the 1-core plan lags it over [104, 105) and [110, 114)
+        "below_division_s": 5.0,
         "answered_rps_loaded": 1.0,  # 10 answers ending while a had clients, over 10 s (105.2 is not)
         "requests": 12, "failed": 1,
     }
     assert (b["loaded_s"], b["swaps"], b["max_swaps_60s"], b["below_share_s"], b["division_below_share_s"],
-            b["live_cores_s"], b["answered_rps_loaded"], b["failed"]) == (10.5, 0, 0, 0.0, 0.0, {"2": 10.5},
-                                                                         0.95, 0)
+            b["below_division_s"], b["live_cores_s"], b["answered_rps_loaded"], b["failed"]) == (
+        10.5, 0, 0, 0.0, 0.0, 0.0, {"2": 10.5}, 0.95, 0)
 
 
 def test_alternate_failed_swap_leaves_the_old_plan_live() -> None:
@@ -222,7 +224,8 @@ def test_alternate_page_states_the_targets_as_measured(tmp_path: Path) -> None:
                                    "max_swaps_per_window": 2, "swap_window_s": 120.0, "min_stable_s": 5.0}})
     text = render_alternate_md(tr, alternate_rows(tr), "step-alt")
     assert "machine: AMD EPYC, 2 cores" in text
-    assert "| a | 10 | 2 | 6 | 2 | 2 | cores-moved: 1, gain: 1 | 2 / 1 | 1: 5, 2: 5 | 4.5 | 2 | 1 | 12 | 1 |" in text
+    assert ("| a | 10 | 2 | 6 | 2 | 2 | cores-moved: 1, gain: 1 | 2 / 1 | 1: 5, 2: 5 | 4.5 | 2 | 5 | 1 | 12 | 1 |"
+            in text)
     assert "≤ 1 swap per model per minute: missed (most in a sliding 60 s window: 2" in text
     assert "- 0.5 s, `a`: cores-moved" in text and "- 10.5 s, `a`: gain" in text
     (tmp_path / "step-alt-trace.json").write_text(json.dumps(tr))

@@ -35,7 +35,8 @@ The alternate scenario is read per model over the whole load (alternate_rows):
 * while it had clients: seconds its live plan (the last applied swap serving, swaps.jsonl's
   plan["cores"]) had each core count, and the seconds that count was below its share; the same
   against the cores the controller's division gave it then (sampled every 0.25 s,
-  trace["division"]) to tell the estimator's lag from a swap the policy held back;
+  trace["division"]), and the seconds the live plan had fewer cores than that division: to
+  tell the estimator's lag (the division's) from a swap held back or still running (the plan's);
 * requests sent while it had clients, answered per second, and failed.
 """
 
@@ -348,6 +349,8 @@ def alternate_row(tr: dict, model: str) -> dict:
         "live_cores_s": live_cores,
         "below_share_s": round(sum(v for (live, sh, _), v in spans.items() if (live or 0) < sh), 2),
         "division_below_share_s": round(sum(v for (_, sh, d), v in spans.items() if d is not None and d < sh), 2),
+        # the plan lagging the controller's own division (a swap held back or still running)
+        "below_division_s": round(sum(v for (live, _, d), v in spans.items() if d is not None and (live or 0) < d), 2),
         "answered_rps_loaded": round(sum(1 for _, e, st in reqs if st == 200 and key(e) is not None)
                                      / loaded_s, 2) if loaded_s else None,
         "requests": len(reqs), "failed": sum(1 for _, _, st in reqs if st != 200),

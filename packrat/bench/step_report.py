@@ -129,6 +129,15 @@ def _swap_lines(tr: dict) -> list[str]:
     return out or ["- none"]
 
 
+def _fast_rule_line(pol: dict) -> list[str]:
+    """The policy's hold on B after a clear step (43cd5af), where the trace's policy has it."""
+    if "fast_stable_s" not in pol:
+        return []
+    return [f"- B is held {pol['min_stable_s']:g} s, or {pol['fast_stable_s']:g} s when B took its value at a "
+            f"clear step and the corrected gain is ≥ {pol['fast_gain']:g}; *cores-moved* (the live version's "
+            "workers outside the model's division) is not held by the dwell."]
+
+
 def render_alternate_md(tr: dict, rows: list[dict], stem: str) -> str:
     """The alternate scenario's page: per model over the whole load (step_reaction.alternate_row)."""
     pol, sh = tr["settings"]["policy"], tr["shares"]
@@ -144,12 +153,14 @@ def render_alternate_md(tr: dict, rows: list[dict], stem: str) -> str:
         "- *live plan cores*: seconds the model had clients, by the cores of its live plan (the last applied "
         "swap serving: swaps.jsonl plan.cores); *below share*: those seconds its live plan had fewer cores "
         "than its share then; *division below share*: seconds the controller's own division (sampled every "
-        "0.25 s) gave it fewer cores than that share while it had clients.",
+        "0.25 s) gave it fewer cores than that share while it had clients; *below division*: seconds its "
+        "live plan had fewer cores than the division gave it then.",
+    ] + _fast_rule_line(pol) + [
         "",
         "| model | loaded [s] | swaps | a minute | most in 60 s | most in 120 s | swaps the policy asked "
         "(reason: n) | share alone / all | live plan cores while loaded [cores: s] | below share [s] | "
-        "division below share [s] | answered req/s while loaded | requests | failed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "division below share [s] | below division [s] | answered req/s while loaded | requests | failed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         failed = f" ({r['swaps_failed']} failed)" if r["swaps_failed"] else ""
@@ -158,6 +169,7 @@ def render_alternate_md(tr: dict, rows: list[dict], stem: str) -> str:
         lines.append(f"| {r['model']} | {_f(r['loaded_s'])} | {r['swaps']}{failed} | {_f(r['swaps_per_min'])} | "
                      f"{r['max_swaps_60s']} | {r['max_swaps_120s']} | {reasons} | {r['share_alone']} / "
                      f"{r['share_all']} | {cores} | {_f(r['below_share_s'])} | {_f(r['division_below_share_s'])} | "
+                     f"{_f(r['below_division_s'])} | "
                      f"{_f(r['answered_rps_loaded'])} | {r['requests']} | {r['failed']} |")
     worst = max(r["max_swaps_60s"] for r in rows)
     lines += ["", "Against issue 32's targets, as measured:", "",
