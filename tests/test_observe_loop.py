@@ -167,3 +167,28 @@ def test_a_bug_does_not_kill_the_tick(tmp_path: Path) -> None:
     plan, state = loop(bad, {"keep": 1})
     assert plan is None and state == {"keep": 1}
     assert "error" in json.loads(lines[-1])
+
+
+def _correction_after(d: Driver, lines: list[str], ticks: int) -> dict:
+    for _ in range(ticks):
+        d.tick(1)
+    return json.loads(lines[-1])["correction"]
+
+
+def test_a_new_profile_starts_the_correction_again(tmp_path: Path) -> None:
+    """The correction is learnt against the profile planned from; a re-profile (here: the
+    file replaced by one with another `created`) must not inherit it."""
+    import os
+
+    lines: list[str] = []
+    d = Driver(tmp_path, new_loop(lines))
+    learnt = _correction_after(d, lines, 40)  # 100 ms served against 90 ms profiled, settled
+    assert learnt["base_samples"] > 0 and learnt["base"] != 1.0
+    # The same profile file read again keeps what was learnt.
+    assert _correction_after(d, lines, 1)["base_samples"] >= learnt["base_samples"]
+    save_profile(replace(PROFILE, extra={**PROFILE.extra, "created": "2026-12-05T00:00:00Z"}), d.profile_path)
+    st = d.profile_path.stat()
+    os.utime(d.profile_path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the loop re-reads on mtime
+    fresh = _correction_after(d, lines, 1)
+    # Started again: at most this tick's own sample, not the 20-odd learnt before.
+    assert fresh["base_samples"] <= 1 < learnt["base_samples"]

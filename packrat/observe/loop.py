@@ -46,7 +46,7 @@ from packrat.observe.persist import (
 from packrat.observe.policy import PolicyContext, PolicySettings, decide
 from packrat.plan import candidate_plans, mode_candidates, plan_latency_at
 from packrat.profile.store import load_profile
-from packrat.types import Decision, Estimate, Plan, Profile, TickContext
+from packrat.types import Correction, Decision, Estimate, Plan, Profile, TickContext
 
 log = logging.getLogger("packrat.adapt")
 # The decision log repeats an unchanged decision of a model at most this often (its clock).
@@ -222,6 +222,15 @@ class AdaptiveLoop:
         if current is not None and current_ms is None and current.batch == est.batch:
             current_ms = current.predicted_latency_ms
 
+        # The correction is observed/profiled for the profiles it was learnt against: a new
+        # profile (a re-profile at the traffic's sizes, a tune) starts it again, else a gap
+        # learnt against 128-token figures would scale 5-token ones (measured:
+        # docs/benchmarks/traffic-shape-bert-base-epyc.md, corrected 36 ms, observed 84).
+        planned_from = profiles_key(ctx.profiles or ((profile,) if profile is not None else ()))
+        if state.get("planned_from") not in (None, planned_from):
+            pol_state = replace(pol_state, correction=Correction())
+        new_state["planned_from"] = planned_from
+
         pctx = PolicyContext(
             now_s=ctx.now, model=model, estimate=est, current=current,
             current_latency_ms=current_ms, candidates=cands, enabled=enabled,
@@ -319,3 +328,11 @@ def log_decisions_to(path: Path, max_bytes: int = 20_000_000, backups: int = 3) 
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False  # the lines are data; keep them out of the console
+
+
+def profiles_key(profiles: tuple[Profile, ...]) -> str:
+    """Which profiles a model is planned from: each one's archive, mode and creation time
+    (a re-profile or tune writes a new file with a new `created`); "" for none."""
+    return ";".join(sorted(
+        f"{p.model_id}|{p.fingerprint.mode if p.fingerprint else ''}|{p.extra.get('created', '')}"
+        for p in profiles))
