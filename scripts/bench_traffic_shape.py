@@ -21,18 +21,7 @@ from pathlib import Path
 
 from packrat.bench.paths import RESULTS
 from packrat.bench.results import read_records
-from packrat.bench.traffic_shape import SETTLE_TIMEOUT_S, Options, render, run
-
-
-def _archive(args: argparse.Namespace) -> Path:
-    """--model-dir, else the named architecture built (once) into --store."""
-    if args.model_dir is not None:
-        return args.model_dir
-    from packrat.archive import ArchiveOptions, build_named
-
-    opts = ArchiveOptions(runtime=args.runtime, precision=args.precision)
-    return build_named(args.arch, args.store, f"{args.arch}-{args.precision}-{args.runtime}", opts,
-                       reuse_current=True)
+from packrat.bench.traffic_shape import SETTLE_TIMEOUT_S, Options, built_archive, render, run
 
 
 def main() -> None:
@@ -56,7 +45,7 @@ def main() -> None:
     out = args.out_dir / f"traffic-shape-{args.name}.jsonl"
     if out.exists():
         ap.error(f"{out} exists: choose another --name (results are appended, never mixed)")
-    opts = Options(model_dir=_archive(args), out_jsonl=out, start_profile=args.profile, rounds=args.rounds,
+    opts = Options(model_dir=args.model_dir or built_archive(args.arch, args.store, args.precision, args.runtime), out_jsonl=out, start_profile=args.profile, rounds=args.rounds,
                    clients=args.clients, window_s=args.window_s, settle_timeout_s=args.settle_timeout_s,
                    hold_s=args.hold_s, profile_budget_s=args.profile_budget_s,
                    command="python " + " ".join(shlex.quote(a) for a in sys.argv))

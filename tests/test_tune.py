@@ -30,6 +30,7 @@ from packrat.control.tuning import why_tune
 from packrat.bench.loadgen import ContinuousLoad
 from packrat.plan import MODE_MARGIN, mode_candidates, realizable_plan, same_shape
 from packrat.profile.probe import Capabilities
+from packrat.profile.shape import MIN_REQUESTS
 from packrat.tune import candidate_modes
 from packrat.types import Fingerprint, Instance, Plan, Profile, ProfilePoint, TuneRecord
 from serving_support import ControllerProcess, start_server
@@ -350,16 +351,37 @@ def test_tuned_by_default_under_load_then_retuned_on_request(stack) -> None:
     _retune_on_request_reuses_valid_profiles(server, ctl)
 
 
+RETUNE = {"modes": ["fp32-torchscript"], "batch": 2, "max_batch": 2, "point_budget_s": 1}
+
+
 def _retune_on_request_reuses_valid_profiles(server, ctl: Ctl) -> None:
-    before = ctl.get(f"/v1/models/{MODEL}/status").json()
-    r = ctl.post(f"/v1/models/{MODEL}/tune", {"modes": ["fp32-torchscript"], "batch": 2, "max_batch": 2,
-                                               "point_budget_s": 1})
+    # Traffic of one shape the live version has surely counted (a profile's sizes are
+    # compared with it: packrat.profile.shape.MIN_REQUESTS requests make a distribution).
+    url = f"{server.inference_url}/predictions/{MODEL}"
+    for i in range(MIN_REQUESTS + 5):
+        r = requests.post(url, data=json.dumps({"text": f"retune traffic {i}"}), headers=server.inference_headers(),
+                          timeout=60)
+        assert r.status_code == 200, r.text
+    r = ctl.post(f"/v1/models/{MODEL}/tune", RETUNE)
     assert r.status_code == 202, r.text
     # An empty body is the defaults (not 422): refused here only because this model's tune runs.
     busy = ctl.post(f"/v1/models/{MODEL}/tune")
     assert busy.status_code == 409, busy.text
     assert ctl.post("/v1/models/no-such/tune").status_code == 404
     assert ctl.post("/v1/models/no-such/profile").status_code == 404
+    tune = ctl.wait_tune()
+    assert tune["state"] == "done" and tune["trigger"] == "request", json.dumps(tune, indent=1)
+    # A profile timed at a shape the traffic has left (the first tune's may have been made at
+    # the task's sample, before any traffic) is measured again; a valid one is reused.
+    for mode, row in tune["modes"].items():
+        assert row["state"] == "reused" or (
+            row["state"] == "profiled" and row["why"].startswith("traffic's input shape moved")), (mode, row)
+    # Asked again at the same traffic: every profile now fits it, nothing is measured or swapped.
+    before = ctl.get(f"/v1/models/{MODEL}/status").json()
+    first = tune
+    assert ctl.post(f"/v1/models/{MODEL}/tune", RETUNE).status_code == 202
+    wait_until(lambda: ctl.get(f"/v1/models/{MODEL}/tune").json()["tune"].get("created") != first.get("created"),
+               timeout_s=60, what="the second tune request's record")
     tune = ctl.wait_tune()
     assert tune["state"] == "done" and tune["trigger"] == "request", json.dumps(tune, indent=1)
     assert {m: v["state"] for m, v in tune["modes"].items()} == {"fp32-eager": "reused", "fp32-torchscript": "reused"}

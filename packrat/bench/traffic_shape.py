@@ -76,6 +76,14 @@ _SENTENCES = ("the film opens slowly and the first hour drags on without much ha
               "the ending ties the threads up neatly and leaves a small door open")
 
 
+def built_archive(arch: str, store: Path, precision: str, runtime: str) -> Path:
+    """The named architecture built (once) into `store` in that precision and runtime."""
+    from packrat.archive import ArchiveOptions, build_named
+
+    opts = ArchiveOptions(runtime=runtime, precision=precision)
+    return build_named(arch, store, f"{arch}-{precision}-{runtime}", opts, reuse_current=True)
+
+
 def long_texts(model_dir: Path | None = None, words: int = 120) -> tuple[bytes, ...]:
     """One text per starting sentence: `words` plain words, or with `model_dir` (an archive)
     as many as fit its max_length counted by its own tokenizer, [CLS] and [SEP] included
