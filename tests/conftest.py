@@ -63,6 +63,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.write_line(_hypothesis_line(config))
 
 
+@pytest.fixture(autouse=True)
+def _pil_bomb_limit_restored():
+    """The image task sets PIL's process-wide decompression-bomb limit when it loads (one
+    task per worker process); a task a test loads in process must not carry its limit into
+    the next test (a shuffled run: a 1-megapixel archive's limit refused test_fuzz_inputs'
+    2048x2048 images in PIL's own Image.open)."""
+    from PIL import Image
+
+    before = Image.MAX_IMAGE_PIXELS
+    yield
+    Image.MAX_IMAGE_PIXELS = before
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_slot_dir():
     """PACKRAT_SLOT_DIR for this session: a fresh directory, not the machine-wide one,

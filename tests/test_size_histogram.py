@@ -148,7 +148,10 @@ def test_reader_never_sees_half_a_batch_of_sizes(tmp_path: Path) -> None:
             assert tokens.requests >= last
             last = tokens.requests
             reads += 1
-    assert reads > 100 and last > 100 and misses < reads, (reads, misses, last)
+    # How often a read meets a write in progress depends on scheduling (a shuffled run on a
+    # busy 2-core machine: 2,001 misses beside 1,696 whole reads); what must hold is that
+    # whole reads keep coming while the writer runs.
+    assert reads > 100 and last > 100, (reads, misses, last)
 
 
 # -- through a real TorchServe worker ---------------------------------------------------
