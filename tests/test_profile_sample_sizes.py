@@ -15,7 +15,7 @@ import pytest
 from packrat import slots
 from packrat.apply.versions import served_mode
 from packrat.control import Controller, ControllerSettings
-from packrat.control.traffic import profiled_at
+from packrat.profile.shape import timed_sizes as profiled_at
 from packrat.control.tuning import Reprofiler
 from packrat.control.values import ModelState, WorkerState
 from packrat.profile import ProfileSettings, open_archive, run_profile

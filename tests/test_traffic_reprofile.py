@@ -18,7 +18,7 @@ import requests
 from packrat import slots
 from packrat.apply.versions import served_mode
 from packrat.control import Controller, ControllerSettings
-from packrat.control.traffic import profiled_at
+from packrat.profile.shape import timed_sizes as profiled_at
 from packrat.control.tuning import Reprofiler, _remeasure
 from packrat.control.values import ModelState, WorkerState
 from packrat.profile.store import save_profile

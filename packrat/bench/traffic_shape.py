@@ -55,8 +55,7 @@ from packrat.bench.loadgen import ContinuousLoad, latency_summary
 from packrat.bench.localserver import local_server
 from packrat.bench.machine import describe_machine
 from packrat.bench.results import ResultLog, shape_label
-from packrat.control.traffic import profiled_at
-from packrat.profile.shape import MIN_REQUESTS, shifted
+from packrat.profile.shape import MIN_REQUESTS, shifted, timed_sizes
 from packrat.profile.store import load_profile, save_profile
 
 SETTLE_TIMEOUT_S = 900.0  # a re-profile per shift, and the Reprofiler's 300 s gap between two
@@ -164,7 +163,7 @@ def planned_from(state: Path, model: str, mode: str | None) -> tuple[str, dict[s
     packrat.control.planning.Planner.profile picks it (its validity checks left out)."""
     per_mode = state / "profiles" / model / f"{mode}.json"
     path = per_mode if mode is not None and per_mode.exists() else state / "profiles" / f"{model}.json"
-    return str(path.relative_to(state)), profiled_at(load_profile(path))
+    return str(path.relative_to(state)), timed_sizes(load_profile(path))
 
 
 def traffic_sizes(status: dict[str, Any], batch: int) -> dict[str, int]:
@@ -317,7 +316,7 @@ def start_profile(opts: Options, dest: Path) -> dict[str, Any]:
     anything serves) in the archive's mode at START_SIZES, its sizes recorded."""
     if opts.start_profile is not None:
         shutil.copyfile(opts.start_profile, dest)
-        return {"start_profile": str(opts.start_profile), "made_at": profiled_at(load_profile(dest))}
+        return {"start_profile": str(opts.start_profile), "made_at": timed_sizes(load_profile(dest))}
     from packrat.profile import ProfileSettings, open_archive, run_profile
     from packrat.cores import usable_cores
 

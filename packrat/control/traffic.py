@@ -20,8 +20,8 @@ from typing import Any
 
 from packrat import slots
 from packrat.control.values import ModelState
-from packrat.profile.shape import representative_sizes, shifted, timed_sizes
-from packrat.types import Profile, TuneRecord
+from packrat.profile.shape import representative_sizes, shifted
+from packrat.types import TuneRecord
 from packrat.worker_counters import SIZE_KINDS, SizeHistogram
 
 QUANTILES = {"p50": 0.5, "p90": 0.9}
@@ -65,13 +65,6 @@ def profile_sizes(st: ModelState, batch: int) -> tuple[tuple[str, int], ...]:
     return representative_sizes(sizes, batch) if sizes else ()
 
 
-def profiled_at(profile: Profile) -> dict[str, int]:
-    """The request sizes a profile timed (packrat.profile.shape.timed_sizes: the traffic's
-    it was asked for, or the task's own sample's); {}: not known (made before profiles
-    recorded their sample's sizes)."""
-    return timed_sizes(profile)
-
-
 def _moved(before: Mapping[str, int], st: ModelState, batch: int) -> str | None:
     """Why sizes measured at `before` no longer describe the traffic at load batch `batch`
     (packrat.profile.shape.shifted), or None; None too while there is no traffic to compare
@@ -108,7 +101,7 @@ def why_retune(record: TuneRecord | None, st: ModelState) -> str | None:
 def why_reprofile(made_at: Mapping[str, int], st: ModelState) -> str | None:
     """With tuning off: why the live mode must be profiled again (None: it need not), the
     traffic at the live plan's B having moved beyond SHIFT_FACTOR from the sizes `made_at`
-    (the profile's: profiled_at, or those of the last re-profile tried)."""
+    (the profile's: packrat.profile.shape.timed_sizes, or those of the last re-profile tried)."""
     return _moved(made_at, st, plan_batch(st))
 
 

@@ -41,7 +41,8 @@ from packrat import tune
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of
 from packrat.control.swaps import Swaps
-from packrat.control.traffic import plan_batch, profile_sizes, profiled_at, why_reprofile, why_retune
+from packrat.control.traffic import plan_batch, profile_sizes, why_reprofile, why_retune
+from packrat.profile.shape import timed_sizes
 from packrat.control.values import ModelState
 from packrat.errors import BusyError, ConfigError, PackratError
 from packrat.jobs import Job, Jobs, Turns
@@ -298,7 +299,7 @@ class Reprofiler:
             profile = c.planner.profile(st)
         except PackratError:
             return None  # nothing planned from yet: a profile or tune request makes one
-        why = why_reprofile(last[1] if last is not None else profiled_at(profile), st)
+        why = why_reprofile(last[1] if last is not None else timed_sizes(profile), st)
         return (profile, why) if why is not None else None
 
     def check(self) -> list[str]:
