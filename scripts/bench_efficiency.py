@@ -7,7 +7,8 @@ measured in one run, interleaved over --rounds rounds:
 - handler: the handler path in process (decode, preprocess, forward, postprocess) on the
   same payload, the same workers;
 - served: through TorchServe with the plan live (the controller's live-plan swap), C
-  closed-loop clients (default: the plan's load batch), and the CPU time per request of
+  closed-loop clients (default: the plan's load batch; --client lean, one thread over raw
+  keep-alive sockets at ~0.03 ms of CPU a request, or urllib3, a thread per client), and the CPU time per request of
   every process (each worker, the frontend JVM, the rest of TorchServe's process group,
   the controller when --controller-pid names one, this client) read from /proc;
 - peer: the same clients and windows against the same archive served by LitServe (the
@@ -32,6 +33,7 @@ import sys
 from pathlib import Path
 
 from packrat.bench.efficiency import EfficiencySettings, run_efficiency
+from packrat.bench.loadgen import CLIENTS
 from packrat.bench.efficiency_report import last_run, render
 
 
@@ -46,6 +48,8 @@ def main() -> int:
     parser.add_argument("--served-s", type=float, default=20.0, help="each served (and peer) window")
     parser.add_argument("--warm-s", type=float, default=60.0, help="served (and peer) load before the first round")
     parser.add_argument("--rewarm-s", type=float, default=3.0, help="served (and peer) load before each window")
+    parser.add_argument("--client", choices=CLIENTS, default="lean",
+                        help="the served and peer levels' closed loop (default lean: the least client CPU)")
     parser.add_argument("--no-peer", action="store_true", help="leave out the peer level (LitServe)")
     parser.add_argument("--max-length", type=int, default=None, help="text models: payload tokens")
     parser.add_argument("--controller-pid", type=int, default=None, help="a running controller to read too")
@@ -59,7 +63,7 @@ def main() -> int:
         model=args.model, out=args.out, mode=args.mode, plan=args.plan, clients=args.clients, rounds=args.rounds,
         seconds=args.seconds, served_s=args.served_s, warm_s=args.warm_s, rewarm_s=args.rewarm_s,
         max_length=args.max_length, controller_pid=args.controller_pid, peer=not args.no_peer,
-        command=" ".join(sys.argv))
+        client=args.client, command=" ".join(sys.argv))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run_efficiency's finally stops its servers
     print(run_efficiency(settings).read_text(), end="")
     return 0

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from packrat.bench.loadgen import LoadResult, Target, closed_loop
+from packrat.bench.loadgen import LoadResult, Target, window_closed_loop
 from packrat.bench.results import ResultLog
 from packrat.errors import ConfigError, ProfileError
 from packrat.modes import ExecutionMode
@@ -64,6 +64,7 @@ class EfficiencySettings:
     max_length: int | None = None  # text models: the payload's tokens (None: the archive's)
     controller_pid: int | None = None  # a running controller whose CPU to read too
     peer: bool = True  # the peer level too (LitServe, when installed)
+    client: str = "lean"  # the served and peer levels' closed loop (packrat.bench.loadgen.CLIENTS)
     command: str = ""
 
 
@@ -181,7 +182,7 @@ class Served:
                       self.server.keys.inference.key, timeout_s=300.0)
 
     def load(self, seconds: float):
-        return closed_loop(self.target(), self.clients, 10**9, warmup=0, max_duration_s=seconds)
+        return window_closed_loop(self.target(), self.clients, seconds, self.s.client)
 
     @property
     def clients(self) -> int:
@@ -264,7 +265,7 @@ def start_peer(s: EfficiencySettings, archive_dir: Path, config: dict[str, Any],
                                   "seconds": round(time.monotonic() - t0, 2), "pgid": peer.proc.pid,
                                   "batch_timeout_s": BATCH_TIMEOUT_S, "body": "the served body, base64 in JSON",
                                   "body_bytes": len(peer.body), "workers": peer.workers_seen()})
-        peer.load(s.warm_s, clients)
+        peer.load(s.warm_s, clients, s.client)
         peer.pause()  # its idle workers poll their queue: kept out of the other levels' windows
     except BaseException:
         peer.stop()
@@ -276,8 +277,9 @@ def measure_peer(peer: PeerServer, s: EfficiencySettings, clients: int) -> dict[
     """One peer window, as the served one: re-warm, then C clients for served_s with the CPU read."""
     peer.resume()
     try:
-        peer.load(s.rewarm_s, clients)
-        return measure_window(lambda seconds: peer.load(seconds, clients), peer.processes(), s.served_s, clients)
+        peer.load(s.rewarm_s, clients, s.client)
+        return measure_window(lambda seconds: peer.load(seconds, clients, s.client), peer.processes(), s.served_s,
+                              clients)
     finally:
         peer.pause()
 

@@ -64,6 +64,9 @@ def render(rows: list[dict[str, Any]]) -> str:
     s, m, summ = run["settings"], run["machine"], summarise(rows)
     lv, served = summ["levels"], [r for r in rows if r["kind"] == "served"]
     clients = served[0]["clients"] if served else s.get("clients")
+    # Runs before the lean client existed sent with urllib3, a thread per client.
+    client = {"lean": "lean (one thread, raw keep-alive sockets)",
+              "urllib3": "urllib3 (a thread per client)"}.get(s.get("client", "urllib3"), s.get("client"))
     lines = [
         f"# Efficiency: {Path(s['model']).name}, {s['mode']} {s['plan']}, {clients} clients",
         "",
@@ -72,7 +75,7 @@ def render(rows: list[dict[str, Any]]) -> str:
         f"{run['versions'].get('torchserve')}, Python {m['python']}; load average at start "
         f"{run['versions'].get('loadavg_at_start')}. Payload: {run['payload_bytes']} bytes ({run['content_type']}).",
         "",
-        f"Command: `{run['command']}`",
+        f"Command: `{run['command']}`. Client (served and peer levels): {client}.",
         "",
         f"{lv['served']['rounds']} rounds, interleaved ({', '.join(k for k in LEVELS if lv[k]['rounds'])} in each). "
         "Figures: medians over the rounds. Raw and handler p50/p99 are per batch call of the plan's cap (the "

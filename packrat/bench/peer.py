@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from packrat.bench.loadgen import LoadResult, Target, closed_loop
+from packrat.bench.loadgen import LoadResult, Target, window_closed_loop
 from packrat.bench.proc_cpu import command_name, group_members
 from packrat.errors import ConfigError
 from packrat.server import free_ports
@@ -100,8 +100,8 @@ class PeerServer:
     def target(self) -> Target:
         return Target(f"{self.url}/predict", self.body, "application/json", timeout_s=300.0)
 
-    def load(self, seconds: float, clients: int) -> LoadResult:
-        return closed_loop(self.target(), clients, 10**9, warmup=0, max_duration_s=seconds)
+    def load(self, seconds: float, clients: int, client: str = "lean") -> LoadResult:
+        return window_closed_loop(self.target(), clients, seconds, client)
 
     def workers_seen(self) -> list[dict[str, Any]]:
         """Each worker's note: pid, cores, threads and the pinning it observed after loading."""

@@ -10,7 +10,10 @@ connection per sending thread, loopback only):
 * arrivals.py: PoissonLoad, an open loop until stopped, every answer checked
   (soak runs);
 * stepped.py: StepLoad, a closed loop whose concurrency follows a schedule
-  (adaptation tests and traces).
+  (adaptation tests and traces);
+* lean.py: a closed loop for a timed window from one thread over raw sockets, at
+  a tenth of the client CPU a request (the efficiency bench, where the client
+  shares the 2 cores with what it measures).
 
 Latency percentiles everywhere come from packrat.bench.stats.percentile.
 """
@@ -32,12 +35,13 @@ from packrat.bench.loadgen.counted import (
     poisson_schedule,
     summarise,
 )
+from packrat.bench.loadgen.lean import CLIENTS, lean_closed_loop, window_closed_loop
 from packrat.bench.loadgen.stepped import Sent, Step, StepLoad
 from packrat.bench.stats import percentile
 
 __all__ = [
-    "BATCH_SIZE_HEADER", "Check", "Connection", "ContinuousLoad", "LoadResult", "PoissonLoad", "RequestRecord",
+    "BATCH_SIZE_HEADER", "CLIENTS", "Check", "Connection", "ContinuousLoad", "LoadResult", "PoissonLoad", "RequestRecord",
     "STOP_GRACE_S", "Sample", "Sent", "Step", "StepLoad", "Target", "check_loopback", "closed_loop",
-    "format_capacity", "in_windows", "latency_summary", "measure_capacity", "open_loop", "percentile", "poisson_schedule",
-    "summarise",
+    "format_capacity", "in_windows", "latency_summary", "lean_closed_loop", "measure_capacity", "open_loop", "percentile", "poisson_schedule",
+    "summarise", "window_closed_loop",
 ]
