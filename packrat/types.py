@@ -291,6 +291,12 @@ class Estimate:
     idle: bool = False  # no request arrived or finished in the window
     reset: bool = False  # counters went backwards: TorchServe restarted
     step: bool = False  # B jumped this tick (the step detector; the window restarted at the step)
+    active_s: float | None = None  # newest sample that showed load (counters moved, or pending)
+
+    @property
+    def quiet_s(self) -> float | None:
+        """Seconds since the load last showed (0 while busy); None: not known."""
+        return None if self.active_s is None else max(0.0, self.time_s - self.active_s)
 
     @property
     def mean_service_ms(self) -> float | None:
@@ -323,7 +329,8 @@ def _estimate_figures(d: dict[str, Any], what: str) -> dict[str, Any]:
             "request_rate": _num(d, "request_rate", what),
             "mean_latency_ms": _num(d, "mean_latency_ms", what),
             "mean_queue_ms": _num(d, "mean_queue_ms", what),
-            "idle": bool(d.get("idle")), "reset": bool(d.get("reset")), "step": bool(d.get("step"))}
+            "idle": bool(d.get("idle")), "reset": bool(d.get("reset")), "step": bool(d.get("step")),
+            "active_s": _num(d, "active_s", what)}
 
 
 @dataclass(frozen=True)
@@ -425,7 +432,9 @@ class Decision:
                          "concurrency": _r(e.concurrency), "ewma": _r(e.ewma), "rounded": e.rounded,
                          "request_rate": _r(e.request_rate),
                          "mean_latency_ms": _r(e.mean_latency_ms),
-                         "mean_queue_ms": _r(e.mean_queue_ms)},
+                         "mean_queue_ms": _r(e.mean_queue_ms),
+                         # when the load last showed; absent where not known (lines before it)
+                         **({} if e.active_s is None else {"active_s": _r(e.active_s, 3)})},
         }
 
     @classmethod

@@ -91,7 +91,8 @@ class Controller:
         self.metrics = ControllerMetrics(self.registry)
         self.registry.register(LivePlans(self.files.last_plans, settings.model_store))  # type: ignore[arg-type]
         self.shares = CoreDivision(cores, reason, self.files, self.metrics, settings.core_weights,
-                                   settings.division_threshold, settings.idle_footprint_after_s)
+                                   settings.division_threshold, settings.idle_footprint_after_s,
+                                   settings.concurrent_quiet_s)
         self.swapper = Swapper(self.client, settings.model_store, cores, settings.swap)
         self.swap_history = History(self.state_dir)
         self.swaps = Swaps(self.swapper, self.client, self.files, self.swap_history, self.metrics, clock,

@@ -3,7 +3,12 @@
 With the re-plan loop on, each tick divides the usable cores (packrat.cores:
 affinity ∩ cgroup cpuset, capped by the CPU quota) among the models with load,
 minimising the worst model's predicted latency (packrat.plan.share), with the
-policy's gain threshold as hysteresis. Each model is planned for its own cores
+policy's gain threshold as hysteresis. A model has load for the division only
+while its load overlaps the others' in time: one quiet (Estimate.quiet_s) for
+`concurrent_quiet_s`, or longer where its own gaps between requests are longer
+(quiet_after_s), counts as idle here, though its 5 s window still reads the
+load it had. So load alternating between models every few seconds gives each
+one the whole machine in turn instead of a split that fits neither. Each model is planned for its own cores
 and its versions pin inside them; a model whose workers run outside its cores
 is moved ("cores-moved"), shrinking ones first. A model idle for
 `idle_footprint_after_s` moves to one 1-thread worker on the shared core (the
@@ -25,11 +30,29 @@ from packrat.errors import PackratError
 from packrat.plan import mode_candidates, plan_from_shape, realizable_plan
 from packrat.plan.share import Demand, Division, divide_cores, keep_or_move
 from packrat.profile import load_profile
-from packrat.types import Plan, Policy, Profile
+from packrat.types import Estimate, Plan, Policy, Profile
 
 log = logging.getLogger("packrat.controller")
 
 Predictor = Callable[[int], float | None]  # cores -> predicted latency (ms), None: cannot say
+
+# A pause shorter than this many of the model's own mean gaps between requests, or this
+# many of its mean latencies (a batch's requests finish in one lump), is part of its load:
+# a request every 3 s does not flip the division at each gap (Poisson arrivals leave a gap
+# of 5 mean gaps once in ~150), and requests in a worker show no counter move until done.
+QUIET_GAPS = 5.0
+QUIET_LATENCIES = 2.0
+
+
+def quiet_after_s(est: Estimate, floor_s: float) -> float:
+    """How long `est`'s model must be quiet to count as idle for the division: `floor_s`,
+    QUIET_GAPS arrival gaps or QUIET_LATENCIES latencies of its window, the longest."""
+    out = floor_s
+    if est.request_rate:
+        out = max(out, QUIET_GAPS / est.request_rate)
+    if est.mean_latency_ms:
+        out = max(out, QUIET_LATENCIES * est.mean_latency_ms / 1000.0)
+    return out
 
 
 # The profiles placed at a fallback path, parsed again only when the file changes: the
@@ -85,10 +108,12 @@ class CoreDivision:
     """How the usable cores are divided among the models now (cores.json survives a restart)."""
 
     def __init__(self, cores: Sequence[int], reason: str, files: StateFiles, metrics: ControllerMetrics,
-                 weights: dict[str, float], threshold: float, idle_after_s: float) -> None:
+                 weights: dict[str, float], threshold: float, idle_after_s: float,
+                 quiet_after_s: float = 1.5) -> None:
         self.cores, self.reason = list(cores), reason
         self.files, self.metrics = files, metrics
         self.weights, self.threshold, self.idle_after_s = weights, threshold, idle_after_s
+        self.quiet_after_s = quiet_after_s  # ControllerSettings.concurrent_quiet_s
         self.division: Division | None = None
         self.why: str | None = None
         self._idle_since: dict[str, float] = {}
@@ -111,11 +136,13 @@ class CoreDivision:
 
     def load_batch(self, policy: Policy, model: str) -> int | None:
         """The estimated B of `model`'s load from the re-plan loop's latest decision;
-        None when idle. While the estimate warms up, the last known value holds."""
+        None when idle or quiet (module doc). While the estimate warms up, the last known
+        value holds."""
         decisions = policy.last_decisions(model, last=1)
         if decisions and decisions[-1].estimate.ready:
             est = decisions[-1].estimate
-            self._batches[model] = None if est.idle else est.batch
+            quiet = est.quiet_s is not None and est.quiet_s >= quiet_after_s(est, self.quiet_after_s)
+            self._batches[model] = None if est.idle or quiet else est.batch
         return self._batches.get(model)
 
     def divide(self, demands: list[Demand], models: Sequence[str]) -> Division:

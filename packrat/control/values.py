@@ -32,6 +32,11 @@ class ControllerSettings:
     core_weights: dict[str, float] = field(default_factory=dict)
     division_threshold: float = 0.10
     idle_footprint_after_s: float = 120.0
+    # A model quiet this long (no request finished, none pending: Estimate.quiet_s), or
+    # longer where its own gaps between requests are longer, counts as idle for the
+    # division, so cores are split only between loads that overlap in time (docs/adaptation.md).
+    # 1.5 s: two quiet 1 s ticks (quiet_s reads 1, then 2), whatever the ticks' jitter.
+    concurrent_quiet_s: float = 1.5
 
 
 @dataclass(frozen=True)

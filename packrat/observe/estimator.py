@@ -37,6 +37,14 @@ to leave a whole window. A spike shorter than the window moves it less than
 The jump is taken only when it changes B: a load already at B = 1 does
 not jump to idle, so a sparse load's gaps between requests are not steps.
 
+Quiet time. Each estimate carries `active_s`, the time of the newest
+sample that showed load: the requests or latency counter moved since the
+sample before, or requests were pending (Estimate.quiet_s is the time since).
+The window integrates the last 5 s, so it reads a load for seconds after it
+stopped; quiet_s says within a tick or two that it stopped, which is what
+the division of cores among models asks (packrat.control.division: cores
+are split only between models whose loads overlap in time).
+
 The caller owns the state (a frozen value) and the clock (the observation's
 time_s); nothing here reads time or talks to TorchServe.
 """
@@ -96,6 +104,8 @@ class EstimatorState:
     step_dir: int = 0
     step_count: int = 0
     step_base: Observation | None = None
+    # The newest sample that showed load (module doc, "Quiet time"); None: none seen yet.
+    active_s: float | None = None
 
 
 def round_pow2(x: float, max_batch: int = 1024) -> int:
@@ -152,6 +162,18 @@ class _Window:
     idle: bool  # no request arrived or finished, none pending
 
 
+def last_active(state: EstimatorState, obs: Observation) -> float:
+    """When the load last showed, as of `obs`: its time when the counters moved since the
+    previous sample or requests are pending, else the previous mark (the first sample's
+    time before any: nothing is known of the time before it)."""
+    prev = state.samples[-1] if state.samples else None
+    moved = prev is not None and (obs.requests_total != prev.requests_total
+                                  or obs.latency_us_total != prev.latency_us_total)
+    if moved or obs.pending_requests or state.active_s is None:
+        return obs.time_s
+    return state.active_s
+
+
 def _measure(base: Observation, obs: Observation) -> _Window:
     span = obs.time_s - base.time_s
     w = window_means(base, obs)
@@ -193,6 +215,7 @@ def _jump(state: EstimatorState, samples: tuple[Observation, ...], obs: Observat
         concurrency=post.concurrency, ewma=post.concurrency, rounded=rounded,
         request_rate=post.requests / post.span_s, mean_latency_ms=post.mean_latency_ms,
         mean_queue_ms=post.mean_queue_ms, span_s=post.span_s, idle=post.idle, step=True,
+        active_s=state.active_s,
     )
     latency = post.mean_latency_ms if post.mean_latency_ms is not None else state.latency_ms
     return est, replace(state, samples=kept, ewma=post.concurrency,
@@ -207,7 +230,7 @@ def estimate(
 ) -> tuple[Estimate, EstimatorState]:
     """Fold one observation into the estimate. Pure: same inputs, same outputs."""
     hold = Estimate(time_s=obs.time_s, model=obs.model, batch=state.batch, ready=False,
-                    ewma=state.ewma)
+                    ewma=state.ewma, active_s=state.active_s)
     if state.samples:
         last = state.samples[-1]
         if obs.time_s <= last.time_s:
@@ -219,8 +242,10 @@ def estimate(
             # new window here; keep the smoothed estimate, which is still the
             # best guess of the load.
             new = replace(state, samples=(obs,), resets=state.resets + 1,
-                          step_dir=0, step_count=0, step_base=None)
-            return replace(hold, reset=True), new
+                          step_dir=0, step_count=0, step_base=None, active_s=obs.time_s)
+            return replace(hold, reset=True, active_s=obs.time_s), new
+    state = replace(state, active_s=last_active(state, obs))
+    hold = replace(hold, active_s=state.active_s)
 
     # Keep the newest sample at or before (now - window) as the base, so the
     # window spans at least the window once enough history exists.
@@ -253,7 +278,7 @@ def estimate(
         time_s=obs.time_s, model=obs.model, batch=batch, ready=voted,
         concurrency=w.concurrency, ewma=ewma, rounded=rounded,
         request_rate=w.requests / w.span_s, mean_latency_ms=w.mean_latency_ms,
-        mean_queue_ms=w.mean_queue_ms, span_s=w.span_s, idle=w.idle,
+        mean_queue_ms=w.mean_queue_ms, span_s=w.span_s, idle=w.idle, active_s=state.active_s,
     )
     latency = w.mean_latency_ms if w.mean_latency_ms is not None else state.latency_ms
     return est, replace(state, samples=samples, ewma=ewma, recent=recent, batch=batch,

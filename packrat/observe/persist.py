@@ -49,6 +49,7 @@ def estimator_state_from_json(d: dict[str, Any]) -> EstimatorState:
         step_dir=int(d.get("step_dir", 0)),
         step_count=int(d.get("step_count", 0)),
         step_base=Observation(**d["step_base"]) if d.get("step_base") else None,
+        active_s=d.get("active_s"),
     )
 
 
