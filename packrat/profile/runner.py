@@ -48,6 +48,7 @@ from typing import Any
 from packrat.cores import usable_cores
 from packrat.errors import ConfigError, ProfileError
 from packrat.forkserver import client as forkserver_client
+from packrat.profile import contention
 from packrat.profile.fingerprint import current_fingerprint
 from packrat.profile.identity import ArchiveRef
 from packrat.profile.store import SCOPES, utc_now
@@ -276,12 +277,15 @@ class _Run:
         ] + [{"instances": i, "threads": t, "batch": b, "reason": "not measured yet"}
              for i, t, b in sorted(self.corun_pending)]
         settings = self.settings
+        points = tuple(sorted(self.points, key=lambda p: (p.threads, p.batch)))
+        corun = tuple(sorted(self.corun, key=lambda p: (p.instances, p.threads, p.batch)))
+        shared = contention.summary(points, corun)  # which points were time-shared (corrected)
         return Profile(
             model_id=self.archive.model_id,
-            points=tuple(sorted(self.points, key=lambda p: (p.threads, p.batch))),
+            points=points,
             fingerprint=self.fingerprint,
             scope=settings.scope,
-            corun=tuple(sorted(self.corun, key=lambda p: (p.instances, p.threads, p.batch))),
+            corun=corun,
             extra={
                 "model_name": self.archive.model_name,
                 "created": self.created,
@@ -291,6 +295,7 @@ class _Run:
                 "duration_s": round(self.elapsed(), 1),
                 "workers": list(self.workers),
                 "omitted": sorted(self.omitted + left, key=lambda o: (o["threads"], o["batch"])),
+                **({"contention": shared} if shared else {}),
             },
         )
 
@@ -343,7 +348,8 @@ class _Run:
         elif kind in ("point", "omitted"):
             self.pending.discard((event["threads"], event["batch"]))
             if kind == "point":
-                self.points.append(ProfilePoint(**{k: v for k, v in event.items() if k != "event"}))
+                fields = contention.handled({k: v for k, v in event.items() if k != "event"}, t)
+                self.points.append(ProfilePoint(**fields))
             else:
                 self.omitted.append({k: event[k] for k in ("threads", "batch", "reason")})
             self._landed(bar)
@@ -399,8 +405,8 @@ def _run_corun(
     def events(k: int) -> Callable[[dict[str, Any]], None]:
         def on(event: dict[str, Any]) -> None:
             with lock:
-                if event["event"] == "point":
-                    seen.setdefault(event["batch"], {})[k] = event
+                if event["event"] == "point":  # its figures time-shared or not (contention)
+                    seen.setdefault(event["batch"], {})[k] = contention.handled(event, threads)
                 elif event["event"] == "omitted":
                     gaps.setdefault(event["batch"], f"instance {k}: {event['reason']}")
         return on
@@ -436,7 +442,10 @@ def _run_corun(
             count=min((r.get("count") or 0) for r in rows) or None, instances=instances,
             meta={"per_instance_mean_ms": [r["mean_ms"] for r in rows], "cores": blocks,
                   # what each worker read from the kernel about its own affinity
-                  "per_instance_cpus": [(r.get("meta") or {}).get("cpus_allowed_list") for r in rows]},
+                  "per_instance_cpus": [(r.get("meta") or {}).get("cpus_allowed_list") for r in rows],
+                  "per_instance_cpu_share": [(r.get("meta") or {}).get("cpu_share") for r in rows],
+                  "per_instance_runq_share": [(r.get("meta") or {}).get("runq_share") for r in rows],
+                  **({"contention": shared} if (shared := contention.corun_contention(rows)) else {})},
         ), None)
 
 
@@ -458,8 +467,12 @@ def contention_warning(profile: Profile, cores: int | None = None) -> str | None
         return None
     load = max(max(p.meta.get("loadavg_1m", [0.0])) for p in busy)
     share = min(p.meta.get("cpu_share", 1.0) for p in busy)
+    fixed = sum(1 for p in busy if contention.state(p) == "corrected")
     return (
         f"warning: {len(busy)} of {len(profile.points)} points ran on a busy machine "
         f"(load average up to {load:.1f} on {cores} cores, CPU share down to {share:.2f}); "
-        "their latencies are inflated, re-profile when the machine is quiet"
+        + (f"{fixed} one-thread point(s) were corrected to the time they computed "
+           "(packrat.profile.contention), the others' latencies are inflated; " if fixed else
+           "their latencies are inflated, ")
+        + "re-profile when the machine is quiet"
     )

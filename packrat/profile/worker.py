@@ -171,10 +171,17 @@ def _time_batch(task: Any, batch: int, scope: str, rule: Any, deadline: float | 
     # CPU time this process got per wall second per thread: well below 1 means the
     # instance was starved by other load (spin-waiting OpenMP threads count as busy,
     # so it is an upper bound). Load average says the same from the outside.
+    # Run-queue wait of the calling thread (the one that computes at one thread) per wall
+    # second: the time it was runnable but another task had its core. packrat.profile.contention
+    # takes it out of a one-thread point's figures; None where the kernel does not say.
     load_before = os.getloadavg()[0]
+    wait0 = _runq_wait_s()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     stats = measure(call, rule, deadline=deadline)
-    cpu_share = (time.process_time() - cpu0) / max(1e-9, (time.perf_counter() - wall0) * threads)
+    wall = max(1e-9, time.perf_counter() - wall0)
+    cpu_share = (time.process_time() - cpu0) / (wall * threads)
+    wait1 = _runq_wait_s()
+    runq_share = None if wait0 is None or wait1 is None else min(1.0, max(0.0, (wait1 - wait0) / wall))
     if stats is None:
         return None
     return {
@@ -192,9 +199,20 @@ def _time_batch(task: Any, batch: int, scope: str, rule: Any, deadline: float | 
             "pid": os.getpid(),
             "sizes": sizes,  # the request sizes timed (None: the task's own sample, its size unknown)
             "cpu_share": round(cpu_share, 3),
+            "runq_share": None if runq_share is None else round(runq_share, 3),
             "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         },
     }
+
+
+def _runq_wait_s() -> float | None:
+    """Seconds the calling thread has waited on a run queue (schedstat's second field), None
+    where /proc does not have it (a kernel without CONFIG_SCHED_INFO)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,95 @@
+"""Points timed while other work shared their cores, and what a plan may take from them.
+
+A re-profile runs while the model serves (packrat.control.tuning.Reprofiler): the profile's
+worker and the serving workers are pinned to the same few cores, so a point's wall time
+holds the time its instance was runnable but another task had the core. Planned from
+as it is, such a profile predicts the contention of its own measurement (a run on 2 cores
+predicted BERT-base 1.7-2x slower than it then served: docs/benchmarks/traffic-shape-*).
+
+Every worker records, per point, `cpu_share` (CPU time per wall second per thread) and
+`runq_share` (the computing thread's run-queue wait per wall second, from
+/proc/thread-self/schedstat). Then:
+
+  - a one-thread point with runq_share >= TIME_SHARED_AT was time-shared: its figures
+    are the wall figures times (1 - runq_share), the time it computed, and the wall
+    figures stay in its meta ("contention": {"corrected": ..., "wall": ...}). For a
+    compute-bound point that is wall x cpu_share; unlike cpu_share it does not count
+    time spent sleeping or waiting for I/O as time saved (a handler that sleeps has
+    cpu_share near 0 on a quiet machine and no run-queue wait);
+  - a point of more threads keeps its wall figures and is marked contended when it
+    waited (runq_share) or got less CPU than its threads ask (cpu_share < CPU_SHORT_OF):
+    no corrected figure is defensible there (spin-waiting runtimes turn waits for a
+    descheduled peer into CPU time, and one late thread holds every other);
+  - a co-run point (instances side by side, the slowest sets it) is made from its
+    instances' figures after each was handled so.
+
+The profile says which points were corrected and which are contended (summary(), its
+"contention" key). Pure: no clock, no files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from packrat.types import ProfilePoint
+
+TIME_SHARED_AT = 0.10  # run-queue wait per wall second from which a point counts as time-shared
+CPU_SHORT_OF = 0.90  # a multi-thread point below this cpu_share got less CPU than its threads ask
+FIGURES = ("mean_ms", "p50_ms", "p99_ms", "std_ms")
+CORRECTED = "one thread, time-shared: figures x (1 - runq_share), the time it computed"
+CONTENDED = "several threads, contended: wall figures kept (no defensible correction)"
+
+
+def handled(fields: Mapping[str, Any], threads: int) -> dict[str, Any]:
+    """A worker's point fields (FIGURES and "meta", as its "point" event carries them) with
+    its contention handled as the module doc says; unchanged when it had its cores."""
+    out = dict(fields)
+    meta = dict(fields.get("meta") or {})
+    wait, share = meta.get("runq_share"), meta.get("cpu_share")
+    waited = wait is not None and wait >= TIME_SHARED_AT
+    if threads == 1 and waited:
+        keep = 1.0 - float(wait)
+        wall = {k: fields[k] for k in FIGURES if fields.get(k) is not None}
+        out.update({k: v * keep for k, v in wall.items()})
+        meta["contention"] = {"corrected": CORRECTED, "factor": round(keep, 4), "wall": wall}
+    elif threads > 1 and (waited or (share is not None and share < CPU_SHORT_OF)):
+        meta["contention"] = {"contended": CONTENDED}
+    else:
+        return out
+    out["meta"] = meta
+    return out
+
+
+def state(point: ProfilePoint | Mapping[str, Any]) -> str | None:
+    """"corrected", "contended" or None (had its cores) for a point handled above."""
+    meta = point.meta if isinstance(point, ProfilePoint) else (point.get("meta") or {})
+    found = meta.get("contention") or {}
+    return "corrected" if "corrected" in found else "contended" if "contended" in found else None
+
+
+def corun_contention(rows: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The co-run point's "contention" meta from its instances' handled rows (None: none had
+    any): corrected when any instance was, with the wall figure the slowest instance had."""
+    states = [state(r) for r in rows]
+    if not any(states):
+        return None
+    walls = [((r.get("meta") or {}).get("contention") or {}).get("wall", {}).get("mean_ms", r["mean_ms"])
+             for r in rows]
+    kind = "corrected" if "corrected" in states else "contended"
+    return {kind: CORRECTED if kind == "corrected" else CONTENDED, "per_instance": states,
+            "wall": {"mean_ms": max(walls)}}
+
+
+def summary(points: Iterable[ProfilePoint], corun: Iterable[ProfilePoint] = ()) -> dict[str, Any] | None:
+    """The profile's "contention" key: which points (instances, threads, batch) were
+    corrected and which are contended, and the rule; None when every point had its cores."""
+    found: dict[str, list[list[int]]] = {"corrected": [], "contended": []}
+    for p in (*points, *corun):
+        s = state(p)
+        if s is not None:
+            found[s].append([p.instances, p.threads, p.batch])
+    if not any(found.values()):
+        return None
+    return {**found, "rule": {"corrected": CORRECTED, "contended": CONTENDED,
+                              "time_shared_at_runq_share": TIME_SHARED_AT, "cpu_short_of": CPU_SHORT_OF}}
