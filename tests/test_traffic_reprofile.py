@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,8 @@ from packrat.control import Controller, ControllerSettings
 from packrat.profile.shape import timed_sizes as profiled_at
 from packrat.control.tuning import Reprofiler, _remeasure
 from packrat.control.values import ModelState, WorkerState
-from packrat.profile.store import save_profile
+from packrat.profile.shape import timed_sizes
+from packrat.profile.store import load_profile, save_profile
 from packrat.types import Instance, Plan, Profile, ProfilePoint
 from packrat.worker_counters import LiveCounters
 
@@ -81,8 +83,15 @@ def test_a_shift_asks_for_a_re_profile_once(tiny_store: Path, tmp_path: Path,
     assert r.why(st) is None
     clock.now += r.min_gap_s
     assert r.why(st) is None
-    counters.add_sizes({"tokens": [115] * 300})  # the traffic moves again
-    assert r.why(st)[1].startswith("traffic's input shape moved (tokens 6 -> 1")  # ~115 (buckets)
+    # the traffic moves again, to a shape neither the profile (128) nor the try (6) covers: the
+    # Reprofiler reads the traffic of the last RECENT_S (the clock moved on: these 300 alone)
+    counters.add_sizes({"tokens": [40] * 300})
+    assert r.why(st)[1].startswith("traffic's input shape moved (tokens 128 -> 4")  # ~40 (buckets)
+    counters.add_sizes({"tokens": [115] * 3000})  # to 115: the profile planned from covers it
+    clock.now += r.recent.window_s
+    assert r.why(st) is None
+    clock.now += r.recent.window_s
+    counters.add_sizes({"tokens": [40] * 300})
 
     # left alone: a model an operator pinned, and one with a profile or tune job unfinished
     c.pins.pin("minilm", PLAN, st.mode)
@@ -101,17 +110,32 @@ def test_a_shift_asks_for_a_re_profile_once(tiny_store: Path, tmp_path: Path,
     assert r.why(st) is not None
 
 
+def _start_profile(base: Path, tokens: int) -> Profile:
+    """made_at(MADE_AT_128) timed at `tokens`, usable for the archive at `base` on this machine
+    (its content hash, this machine's fingerprint): one a returning shape may be planned from."""
+    from packrat.profile import library
+
+    config = library.base_config(base)
+    return replace(made_at({**MADE_AT_128, "sizes": [["tokens", tokens]]}), model_id=library.HASHES(base),
+                   fingerprint=library.expected_fingerprint(config, served_mode(base)))
+
+
 @pytest.mark.torchserve
 def test_no_tune_re_profiles_at_the_traffic_s_sizes(torchserve, tiny_store: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A controller with --no-tune beside a real TorchServe: minilm's profile was made at 128
-    tokens, the traffic sends short texts; the controller re-profiles the live mode at the
-    traffic's size by itself, and leaves the re-plan to its re-plan loop."""
+    """A controller with --no-tune beside a real TorchServe: minilm's profile was made at its
+    longest texts, the traffic sends short texts; the controller re-profiles the live mode at
+    the traffic's size by itself, and leaves the re-plan to its re-plan loop. Then long texts
+    again: it plans from the start profile, kept for that shape, at once (no second
+    re-profile, though its min_gap_s of 300 s has not passed)."""
+    from packrat.bench.traffic_shape import phases, sent_sizes
     from packrat.control.traffic import served_sizes
     from packrat.profile.shape import representative_sizes
     from serving_support import ControllerProcess, ensure_registered, predict, worker_pids
 
     ensure_registered(torchserve, "minilm")
+    long_texts = phases(tiny_store / "minilm")["B"][1]  # as many tokens as minilm takes
+    longest = sent_sizes(tiny_store / "minilm", long_texts)["tokens"]
     monkeypatch.setenv("PACKRAT_SLOT_DIR", str(torchserve.slot_dir))
     for _ in range(25):  # a distribution: at least MIN_REQUESTS requests
         assert predict(torchserve, "minilm", b"a short text").status_code == 200
@@ -120,7 +144,7 @@ def test_no_tune_re_profiles_at_the_traffic_s_sizes(torchserve, tiny_store: Path
     expected = representative_sizes(served_sizes(st), 1)  # a plain version: B = 1, the median
     assert expected and expected[0][0] == "tokens" and expected[0][1] < 128 / 1.5
     state = tmp_path / "state"
-    save_profile(made_at(MADE_AT_128), state / "profiles" / "minilm.json")
+    save_profile(_start_profile(tiny_store / "minilm", longest), state / "profiles" / "minilm.json")
     ctl = ControllerProcess(torchserve, tiny_store, state, ["--no-tune"], ready_path="/healthz")
     try:
         ctl.start()
@@ -137,6 +161,19 @@ def test_no_tune_re_profiles_at_the_traffic_s_sizes(torchserve, tiny_store: Path
         profile = json.loads(Path(job["result"]["profile_path"]).read_text())
         assert [tuple(pair) for pair in profile["settings"]["sizes"]] == list(expected)
         assert profile["settings"]["max_batch"] == 1 and profile["settings"]["cores"] == 1
+
+        # long texts again (the short ones now older than the Reprofiler's window, or outnumbered)
+        for k in range(60):
+            assert predict(torchserve, "minilm", long_texts[k % len(long_texts)]).status_code == 200
+        live = Path(job["result"]["profile_path"])
+        while timed_sizes(load_profile(live)) != {"tokens": longest}:
+            assert time.monotonic() < deadline, ctl.log()
+            time.sleep(1.0)
+        jobs = [j for j in ctl.get("/v1/jobs", params={"model": "minilm"}).json() if j["kind"] == "profile"]
+        assert len(jobs) == 1, jobs  # planned from the kept profile: nothing measured again
+        # both shapes kept: the start profile (when the short texts came), the re-profile's (now)
+        kept = sorted(p.name for p in (state / "profiles" / "minilm" / "shapes").rglob("*.json"))
+        assert kept == sorted([f"tokens-{longest}.json", f"tokens-{expected[0][1]}.json"])
         assert requests.get(f"{ctl.url}/healthz", timeout=60).status_code == 200
     finally:
         ctl.kill()

@@ -130,16 +130,17 @@ class Planner:
         return replace(plan_from_shape(shape, len(self.cores), profile), mode=mode or self.live_mode_override(st))
 
     def start_profile(self, st: ModelState, *, max_batch: int, budget_s: float | None,
-                      cores: int | None = None,
+                      cores: int | None = None, sizes: tuple[tuple[str, int], ...] | None = None,
                       then: Callable[[Profile], dict[str, Any]] | None = None) -> Job:
         """Re-profile the model in its live mode in the background; the job says when it is done.
 
         The profile goes where tuning and the re-plan loop read it:
         <state dir>/profiles/<model>/<mode>.json (packrat.profile.library). `then`: called
-        with the saved profile in the job (e.g. to re-plan); what it returns joins the result."""
+        with the saved profile in the job (e.g. to re-plan); what it returns joins the result.
+        `sizes`: the request sizes to time (None: the traffic's since the workers started)."""
         _, base_dir = base_of(self.swapper, self.model_store, st)
         settings = ProfileSettings(cores=cores or len(self.cores), max_batch=max_batch, budget_s=budget_s,
-                                   sizes=profile_sizes(st, plan_batch(st)))  # the traffic's
+                                   sizes=profile_sizes(st, plan_batch(st)) if sizes is None else sizes)
         settings.validate(len(self.cores))
         archive = open_archive(base_dir)
         if st.mode is not None:

@@ -23,8 +23,9 @@ is also checked against hash and fingerprint wherever it is used
 (packrat.profile.library), so between two checks nothing plans from a stale one.
 
 With tuning off (--no-tune), `Reprofiler` still follows the traffic's input
-shape: a shift re-profiles the live mode at the traffic's sizes and re-plans
-from that profile.
+shape: a shift plans from the profile kept for the traffic's shape when one was
+measured before, else re-profiles the live mode at the traffic's sizes, and
+re-plans from that profile.
 """
 
 from __future__ import annotations
@@ -41,12 +42,15 @@ from packrat import tune
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of
 from packrat.control.swaps import Swaps
-from packrat.control.traffic import plan_batch, profile_sizes, why_reprofile, why_retune
-from packrat.profile.shape import timed_sizes
+from packrat import slots
+from packrat.control.traffic import plan_batch, profile_sizes, why_retune
 from packrat.control.values import ModelState
 from packrat.errors import BusyError, ConfigError, PackratError
 from packrat.jobs import Job, Jobs, Turns
 from packrat.plan import same_shape
+from packrat.profile import library
+from packrat.profile.library import Checked
+from packrat.profile.shape import RECENT_S, RecentSizes, representative_sizes, shifted, timed_sizes
 from packrat.types import Plan, Policy, Profile, TuneRecord
 
 if TYPE_CHECKING:  # the coordinator; it imports this module
@@ -261,70 +265,129 @@ def _every(interval_s: float, check: Callable[[], Any], stop: threading.Event, w
             return
 
 
+@dataclass(frozen=True)
+class Shift:
+    """The traffic moved from the shape the model is planned from (Reprofiler.shift)."""
+
+    profile: Profile  # the profile planned from until now
+    why: str
+    now: dict[str, int]  # the traffic's representative sizes lately (packrat.profile.shape.RecentSizes)
+    kept: Checked | None  # a kept profile of this archive, mode and machine covering `now`, if any
+
+
 class Reprofiler:
     """With tuning off (--no-tune) the plan still follows the traffic's input shape: when the
-    traffic's sizes moved a factor SHIFT_FACTOR from those the live mode's profile was made
-    at (packrat.control.traffic.why_reprofile), profile the live mode again at the traffic's
-    sizes (Planner.start_profile: the profiler's job, no search of modes) and re-plan from
-    that profile. With a re-plan loop (adapt on) the loop does that on its next tick, under
-    its own rules (the model's cores, dwell, swap bound); without one the re-plan is done
-    here, for the live plan's B on as many cores, applied as a tune applies its choice.
+    traffic's sizes lately (the last ~RECENT_S: packrat.profile.shape.RecentSizes; a worker's
+    own histogram counts since it started and would hide a shift for minutes) moved a factor
+    SHIFT_FACTOR from those the profile planned from was timed at, the model is planned
+    from a profile of the traffic's shape:
+
+      - one kept from before (packrat.profile.library.kept_covering: the same archive, mode
+        and machine, timed sizes within the factor of the traffic's) when the traffic moved
+        back to a shape already measured: restored at once, no re-profile, no wait;
+      - else a new one: the live mode profiled at the traffic's sizes (Planner.start_profile:
+        the profiler's job, no search of modes).
+
+    Either way the profile planned from until then is kept for its shape first
+    (library.keep), so every shape is measured once per archive, mode and machine. With a
+    re-plan loop (adapt on) the loop re-plans on its next tick, under its own rules (the
+    model's cores, dwell, swap bound); without one the re-plan is done here, for the live
+    plan's B on as many cores, applied as a tune applies its choice.
 
     Left alone like the auto-tuner's: pinned models, models that are not Packrat archives,
     and models with no profile to plan from. A profile made at the task's sample before
     there was traffic records the sample's sizes and is compared like any other; one whose
     sizes are not known (made before they were recorded) counts as moved once there is
-    traffic. One try per shift: a re-profile that fails (or again records no sizes: an
-    archive whose task cannot time the traffic's) is not retried until the traffic moves
-    again from the sizes it tried, and none starts within min_gap_s of the last one for the
-    model (a load batch moving back and forth moves the sizes with it)."""
+    traffic. Re-profiles only (a kept profile is never held): one try per shift, a
+    re-profile that fails (or again records no sizes: an archive whose task cannot time the
+    traffic's) is not retried until the traffic moves again from the sizes it tried, and
+    none starts within min_gap_s of the last one for the model (a load batch moving back
+    and forth to shapes never measured moves the sizes with it)."""
 
     def __init__(self, controller: Controller, interval_s: float = 10.0, min_gap_s: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, window_s: float = RECENT_S) -> None:
         self.controller, self.interval_s, self.min_gap_s, self.clock = controller, interval_s, min_gap_s, clock
+        self.recent = RecentSizes(window_s)
         self.tried: dict[str, tuple[float, dict[str, int]]] = {}  # model -> (when, sizes) of its last re-profile
         self.started: list[tuple[str, str]] = []  # (model, why), for logs and tests
+        self.reused: list[tuple[str, str, str]] = []  # (model, why, kept profile file), for logs and tests
 
-    def why(self, st: ModelState) -> tuple[Profile, str] | None:
-        """(the profile planned from now, why it must be measured again), or None."""
+    def traffic(self, st: ModelState) -> dict[str, int]:
+        """The sizes to plan the traffic of lately at the live plan's B ({}: too few requests)."""
+        reading = {}
+        for worker in st.workers:
+            pid = worker.described.get("pid")
+            sizes = slots.read_worker_sizes(pid) if isinstance(pid, int) and pid > 0 else None
+            if sizes is not None:
+                reading[pid] = sizes
+        recent = self.recent.update(st.model, self.clock(), reading)
+        return dict(representative_sizes(recent, plan_batch(st)))
+
+    def shift(self, st: ModelState) -> Shift | None:
+        """What the traffic moved from and to, and a kept profile covering it; None when
+        nothing is to be done now (class doc)."""
         c = self.controller
-        if c.tuning.key(st) is None or c.pins.pinned(st.model):
+        if c.tuning.key(st) is None or c.pins.pinned(st.model) or st.mode is None:
             return None
         if c.jobs.unfinished("profile", st.model) is not None or c.jobs.unfinished("tune", st.model) is not None:
-            return None
-        last = self.tried.get(st.model)
-        if last is not None and self.clock() - last[0] < self.min_gap_s:
             return None
         try:
             profile = c.planner.profile(st)
         except PackratError:
             return None  # nothing planned from yet: a profile or tune request makes one
-        why = why_reprofile(last[1] if last is not None else timed_sizes(profile), st)
-        return (profile, why) if why is not None else None
+        now, made_at = self.traffic(st), timed_sizes(profile)
+        moved = shifted(made_at, now) if now else []
+        if not moved:
+            return None
+        _, base_dir = base_of(c.planner.swapper, c.planner.model_store, st)
+        kept = library.kept_covering(c.planner.state_dir, st.model, st.mode, base_dir, now)
+        last = self.tried.get(st.model)
+        if kept is None and last is not None and (not shifted(last[1], now)
+                                                  or self.clock() - last[0] < self.min_gap_s):
+            return None  # tried this shape already, or re-profiled a moment ago
+        return Shift(profile, _why_moved(made_at, now, moved), now, kept)
+
+    def why(self, st: ModelState) -> tuple[Profile, str] | None:
+        """(the profile planned from now, why it must be measured again), or None: also when
+        a kept profile covers the traffic (check() plans from that one, nothing is measured)."""
+        found = self.shift(st)
+        return (found.profile, found.why) if found is not None and found.kept is None else None
 
     def check(self) -> list[str]:
-        """Start a re-profile for every model whose traffic moved; returns those models."""
+        """Follow the traffic of every model whose traffic moved; returns those models."""
         c, out = self.controller, []
         for model in c.fresh_models() or c.models():  # the tick's list and readings while fresh
             try:
                 st = c.tick_reading(model) or c.model_state(model)
-                found = self.why(st)
-                if found is None:
+                found = self.shift(st)
+                if found is None or st.mode is None:
                     continue
-                profile, why = found
-                sizes = dict(profile_sizes(st, plan_batch(st)))
-                c.planner.start_profile(st, **_remeasure(profile, len(c.planner.cores)),
+                library.keep(found.profile, c.planner.state_dir, model, st.mode)  # planned from until now
+                if found.kept is not None:
+                    self.reuse(model, found)
+                    out.append(model)
+                    continue
+                c.planner.start_profile(st, **_remeasure(found.profile, len(c.planner.cores)),
+                                        sizes=tuple(sorted(found.now.items())),
                                         then=lambda prof, model=model: self.replan(model))
             except BusyError:
                 continue  # another profile runs: the next check
-            except PackratError as exc:
+            except (OSError, PackratError) as exc:
                 log.warning("re-profile of %s not started: %s", model, exc)
                 continue
-            self.tried[model] = (self.clock(), sizes)
-            log.info("re-profile of %s started: %s", model, why)
-            self.started.append((model, why))
+            self.tried[model] = (self.clock(), found.now)
+            log.info("re-profile of %s started: %s", model, found.why)
+            self.started.append((model, found.why))
             out.append(model)
         return out
+
+    def reuse(self, model: str, found: Shift) -> dict[str, Any]:
+        """Plan from the kept profile covering the traffic now (no re-profile, no gap)."""
+        assert found.kept is not None
+        library.restore(found.kept, self.controller.planner.state_dir, model)
+        log.info("%s: %s; planning from the profile kept for it (%s)", model, found.why, found.kept.path.name)
+        self.reused.append((model, found.why, str(found.kept.path)))
+        return self.replan(model)
 
     def replan(self, model: str) -> dict[str, Any]:
         """After the re-profile: re-plan from it (class doc); what was done, for the job's result."""
@@ -339,6 +402,15 @@ class Reprofiler:
 
     def run(self, stop: threading.Event) -> None:
         _every(self.interval_s, self.check, stop, "re-profile")
+
+
+def _why_moved(made_at: dict[str, int], now: dict[str, int], moved: list[str]) -> str:
+    """The words packrat.control.traffic uses for a shift, for the traffic's sizes lately."""
+    if not made_at:
+        return "input shape profiled at is not known (made before sizes were recorded); traffic's: " + ", ".join(
+            f"{k} {now[k]}" for k in moved)
+    return "traffic's input shape moved (" + ", ".join(f"{k} {made_at.get(k, 'none')} -> {now[k]}"
+                                                       for k in moved) + ")"
 
 
 def _remeasure(profile: Profile, usable: int) -> dict[str, Any]:

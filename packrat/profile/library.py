@@ -5,6 +5,11 @@
                                                controller's tune and profile jobs
     <state dir>/profiles/<model>.json          a profile placed by hand (the older layout):
                                                used as it is, for the archive's own mode
+    <state dir>/profiles/<model>/shapes/<mode>/<kind>-<size>[_...].json
+                                               profiles kept per input shape (keep()): the
+                                               one planned from before the traffic moved;
+                                               kept_covering() finds one for the traffic's
+                                               sizes and restore() plans from it again
 
 The state dir is `.packrat` unless told otherwise (`make run`, `packrat
 controller`, `packrat profile` share it). A per-mode profile is used only
@@ -29,9 +34,10 @@ from pathlib import Path
 
 from packrat import settings
 from packrat.errors import ProfileError
+from packrat.profile import shape
 from packrat.profile.fingerprint import config_in_mode, current_fingerprint, differences, mode_from_config
 from packrat.profile.identity import CONFIG_NAME, _skipped, content_hash, read_config_file
-from packrat.profile.store import load_profile
+from packrat.profile.store import load_profile, save_profile
 from packrat.types import Fingerprint, Profile
 
 DEFAULT_STATE_DIR: Path = settings.get("state_dir").default
@@ -191,3 +197,65 @@ def usable_profiles(state_dir: str | Path, model: str, base_dir: str | Path,
 def default_state_dir() -> Path:
     """PACKRAT_STATE_DIR if set, else .packrat (relative to the working directory)."""
     return settings.value("state_dir")
+
+
+# -- profiles kept per input shape --------------------------------------------------------
+
+
+def kept_dir(state_dir: str | Path, model: str, mode: str) -> Path:
+    return profiles_dir(state_dir, model) / "shapes" / mode
+
+
+def shape_label(sizes: dict[str, int]) -> str:
+    """A file stem for the sizes a profile was timed at: "tokens-128", "pixels-50176_tokens-6"."""
+    return "_".join(f"{kind}-{size}" for kind, size in sorted(sizes.items()))
+
+
+def keep(profile: Profile, state_dir: str | Path, model: str, mode: str) -> Path | None:
+    """Keep `profile` (the one planned from until the traffic moved) for its input shape;
+    a kept profile of a shape within the shift factor either way of it is replaced (the
+    newer measures the same shape). None: its sizes are not known, so no traffic can find it."""
+    sizes = shape.timed_sizes(profile)
+    if not sizes:
+        return None
+    directory = kept_dir(state_dir, model, mode)
+    for old in directory.glob("*.json") if directory.is_dir() else ():
+        try:
+            other = shape.timed_sizes(_read(old))
+        except (OSError, ProfileError):
+            other = sizes  # unreadable: nothing worth keeping
+        if not shape.shifted(sizes, other) and not shape.shifted(other, sizes):
+            old.unlink(missing_ok=True)
+    path = directory / f"{shape_label(sizes)}.json"
+    save_profile(profile, path)
+    return path
+
+
+def kept_covering(state_dir: str | Path, model: str, mode: str, base_dir: str | Path, sizes: dict[str, int],
+                  hashes: ArchiveHashes = HASHES) -> Checked | None:
+    """The kept profile of `model` in `mode` whose timed sizes cover `sizes` (the same
+    factor packrat.profile.shape.shifted applies) and that is usable for the base archive
+    and this machine now (check_mode_profile); the nearest when several do; None if none."""
+    directory = kept_dir(state_dir, model, mode)
+    files = sorted(directory.glob("*.json")) if directory.is_dir() and sizes else []
+    if not files:
+        return None
+    model_id, config = hashes(base_dir), base_config(base_dir)
+    found: list[tuple[float, Checked]] = []
+    for path in files:
+        checked = check_mode_profile(path, mode, model_id, config)
+        made_at = shape.timed_sizes(checked.profile)
+        if checked.usable and made_at and not shape.shifted(made_at, sizes):
+            far = max(max(made_at[k], v) / max(1, min(made_at[k], v)) for k, v in sizes.items())
+            found.append((far, checked))
+    return min(found, key=lambda f: f[0])[1] if found else None
+
+
+def restore(kept: Checked, state_dir: str | Path, model: str) -> Path:
+    """Make the kept profile the one `model` is planned from in its mode (the per-mode file
+    the planner and the re-plan loop read), as a byte copy written atomically."""
+    out = profile_file(state_dir, model, kept.mode)
+    tmp = out.with_name(f".{out.name}.restore")
+    tmp.write_bytes(kept.path.read_bytes())
+    tmp.replace(out)
+    return out

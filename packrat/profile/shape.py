@@ -61,3 +61,36 @@ def timed_sizes(profile: Profile | None) -> dict[str, int]:
     moved (the caller bounds how often that re-measures)."""
     pairs = ((profile.extra.get("settings") or {}).get("sizes") or ()) if profile is not None else ()
     return {str(k): int(v) for k, v in pairs}
+
+
+RECENT_S = 30.0  # the traffic "now": what the workers served over about this long
+
+
+class RecentSizes:
+    """What a model's workers served lately, from their cumulative size histograms.
+
+    A worker's histogram counts every request since it started, so after minutes of short
+    texts an hour of long ones barely moves its median: the shape it says is the past's.
+    update() is handed each reading ({worker pid: {kind: histogram}}) with its time and
+    returns what was served since the newest earlier reading at least `window_s` old (a
+    worker not in it counts from its start; until a reading is that old, everything since
+    the workers started). Pure: the caller reads the counters and the clock."""
+
+    def __init__(self, window_s: float = RECENT_S) -> None:
+        self.window_s = window_s
+        self._readings: dict[str, list[tuple[float, dict[int, dict[str, SizeHistogram]]]]] = {}
+
+    def update(self, model: str, now: float,
+               reading: Mapping[int, Mapping[str, SizeHistogram]]) -> dict[str, SizeHistogram]:
+        kept = self._readings.setdefault(model, [])
+        old = [r for r in kept if now - r[0] >= self.window_s]
+        base = old[-1][1] if old else {}
+        kept[:] = ([old[-1]] if old else []) + [r for r in kept if now - r[0] < self.window_s]
+        kept.append((now, {pid: dict(sizes) for pid, sizes in reading.items()}))
+        out: dict[str, SizeHistogram] = {}
+        for pid, sizes in reading.items():
+            for kind, hist in sizes.items():
+                before = base.get(pid, {}).get(kind)
+                since = hist - before if before is not None else hist
+                out[kind] = out[kind] + since if kind in out else since
+        return out
