@@ -4,19 +4,23 @@
 Served as users run Packrat: a private TorchServe on free loopback ports (token auth on),
 one text model registered with one worker, `packrat controller --no-tune` beside it (the
 re-plan loop on, tick 1 s; tuning off, so the mode stays the archive's own and the plan is
-the one the loop picks; its Reprofiler re-profiles the live mode at the traffic's sizes when
-they move a factor 1.5: packrat.control.tuning.Reprofiler). The controller starts from a
-profile made at 128 tokens *with its sizes recorded* (ProfileSettings.sizes): the Reprofiler
-leaves a profile made at the task's sample (no sizes) alone, so without them it would never
-follow the traffic.
+the one the loop picks). Its Reprofiler (packrat.control.tuning.Reprofiler) follows the
+traffic's sizes of the last ~30 s: when they move a factor 1.5 from those the profile planned
+from was timed at, it plans from the profile kept for that shape if one was measured (no
+re-profile, no wait), else re-profiles the live mode at the traffic's sizes, beside the
+serving load; one-thread points that waited for their core are corrected to the time they
+computed (packrat.profile.contention). The controller starts from a profile made at 128
+tokens, before anything serves, *with its sizes recorded* (ProfileSettings.sizes).
 
 Phases, each with `clients` closed-loop clients (ContinuousLoad: every request accounted for):
 A sends texts of <= 8 tokens, B texts that fill the archive's max_length (128 tokens for
 BERT-base, counted by its own tokenizer); rounds repeat A B so the noise is seen. A phase:
 
 1. loads until the controller has settled for that traffic (settled(): its own state, read
-   every second from status, /v1/jobs and the loop's decisions; SETTLE_TIMEOUT_S at most,
-   then it is measured anyway and marked settled: false);
+   every second from status, /v1/jobs and the loop's decisions, and the profile it plans
+   from timed within the shift factor of the phase's texts as the archive's tokenizer
+   counts them; SETTLE_TIMEOUT_S at most, then it is measured anyway and marked settled:
+   false);
 2. measures a window (window_s): the clients' p50/p99 and throughput, and each tick's
    decision of the loop.
 
@@ -58,7 +62,7 @@ from packrat.bench.results import ResultLog, shape_label
 from packrat.profile.shape import MIN_REQUESTS, shifted, timed_sizes
 from packrat.profile.store import load_profile, save_profile
 
-SETTLE_TIMEOUT_S = 900.0  # a re-profile per shift, and the Reprofiler's 300 s gap between two
+SETTLE_TIMEOUT_S = 900.0  # a re-profile per new shape, and the Reprofiler's 300 s gap between two
 SETTLED_REASONS = ("same-plan", "gain-below-threshold")  # the loop would not swap: settled
 TICK_FIELDS = ("time_s", "reason", "swap", "estimated_batch", "current_ms", "corrected_current_ms",
                "observed_ms", "latency_gap")
@@ -95,14 +99,25 @@ def long_texts(model_dir: Path | None = None, words: int = 120) -> tuple[bytes, 
     return tuple(out)
 
 
-def _fitter(model_dir: Path) -> Any:
-    """words -> the longest prefix whose tokens fit the archive's max_length."""
+def _tokenizer(model_dir: Path) -> tuple[Any, int]:
+    """The archive's own tokenizer and its max_length."""
     import yaml
     from transformers import AutoTokenizer
 
     cfg = yaml.safe_load((model_dir / "model_config.yaml").read_text())["packrat"]
-    tok = AutoTokenizer.from_pretrained(model_dir / cfg.get("model_dir", "model"))
-    limit = int(cfg["max_length"])
+    return AutoTokenizer.from_pretrained(model_dir / cfg.get("model_dir", "model")), int(cfg["max_length"])
+
+
+def sent_sizes(model_dir: Path, texts: Sequence[bytes]) -> dict[str, int]:
+    """The size a phase's texts are planned at: the most tokens of any (a batch is padded
+    to its longest; [CLS] and [SEP] included, as the served worker counts them)."""
+    tok, _ = _tokenizer(model_dir)
+    return {"tokens": max(len(tok(t.decode())["input_ids"]) for t in texts)}
+
+
+def _fitter(model_dir: Path) -> Any:
+    """words -> the longest prefix whose tokens fit the archive's max_length."""
+    tok, limit = _tokenizer(model_dir)
 
     def fit(ws: list[str]) -> list[str]:
         n = next((i for i in range(min(len(ws), limit), 0, -1)
@@ -147,6 +162,7 @@ class Serving:
     log: ResultLog
     opts: Options
     texts: dict[str, tuple[str, tuple[bytes, ...]]]  # phase -> (label, texts): phases()
+    sent: dict[str, dict[str, int]]  # phase -> the sizes its texts are planned at (sent_sizes)
 
     def get(self, path: str, **params: Any) -> Any:
         r = requests.get(f"{self.api}{path}", headers=self.server.management_headers(), params=params, timeout=60)
@@ -166,6 +182,16 @@ def planned_from(state: Path, model: str, mode: str | None) -> tuple[str, dict[s
     return str(path.relative_to(state)), timed_sizes(load_profile(path))
 
 
+def profile_facts(path: Path) -> dict[str, Any]:
+    """When the profile planned from was made, and its points corrected for the time they
+    waited for a core or marked contended (packrat.profile.contention): a kept profile
+    restored for a returning shape keeps its own `created`."""
+    prof = load_profile(path)
+    shared = prof.extra.get("contention") or {}
+    return {"created": prof.extra.get("created"), "corrected": len(shared.get("corrected", [])),
+            "contended": len(shared.get("contended", []))}
+
+
 def traffic_sizes(status: dict[str, Any], batch: int) -> dict[str, int]:
     """The traffic's representative sizes as status shows them: p50 at B = 1, p90 for a
     padded kind at B > 1 (the Reprofiler takes the quantile 0.5 ** (1 / B): 0.92 at B = 8)."""
@@ -176,8 +202,11 @@ def traffic_sizes(status: dict[str, Any], batch: int) -> dict[str, int]:
     return out
 
 
-def settled(sv: Serving) -> tuple[bool, dict[str, Any]]:
-    """Whether the controller has settled for the traffic now (module doc), and what it read."""
+def settled(sv: Serving, phase: str) -> tuple[bool, dict[str, Any]]:
+    """Whether the controller has settled for the phase's traffic now (module doc), and what
+    it read. The profile planned from is compared with the phase's texts (sv.sent), not with
+    status's traffic: the workers count since they started, so after a phase of short texts
+    their median stays short for minutes of long ones."""
     st = sv.get(f"/v1/models/{sv.model}/status")
     decisions = sv.get(f"/v1/models/{sv.model}/adapt", last=1).get("decisions") or []
     d = decisions[-1] if decisions else None
@@ -186,17 +215,18 @@ def settled(sv: Serving) -> tuple[bool, dict[str, Any]]:
     _, made_at = planned_from(sv.state, sv.model, st.get("mode"))
     now = traffic_sizes(st, batch)
     # A profile without sizes is never re-profiled for the traffic: nothing to wait for.
-    shape_ok = bool(now) and (not made_at or not shifted(made_at, now))
+    shape_ok = bool(now) and (not made_at or not shifted(made_at, sv.sent[phase]))
     ok = (d is not None and d["reason"] in SETTLED_REASONS and d["estimate"]["ready"]
           and not d["estimate"]["idle"] and st.get("swap_in_progress") is None and not jobs and shape_ok)
-    return ok, {"reason": d["reason"] if d else None, "jobs": len(jobs), "traffic": now, "made_at": made_at}
+    return ok, {"reason": d["reason"] if d else None, "jobs": len(jobs), "traffic": now, "made_at": made_at,
+                "sent": sv.sent[phase]}
 
 
-def wait_settled(sv: Serving, started: float) -> dict[str, Any]:
+def wait_settled(sv: Serving, phase: str, started: float) -> dict[str, Any]:
     """Poll settled() every second until it has held hold_s, or settle_timeout_s passed."""
     since, seen = None, {}
     while time.monotonic() - started < sv.opts.settle_timeout_s:
-        ok, seen = settled(sv)
+        ok, seen = settled(sv, phase)
         now = time.monotonic()
         since = (since or now) if ok else None
         if since is not None and now - since >= sv.opts.hold_s:
@@ -262,7 +292,7 @@ def run_phase(sv: Serving, rnd: int, name: str) -> dict[str, Any]:
     wall0, t0 = time.time(), time.monotonic()
     load.start()
     try:
-        wait = wait_settled(sv, t0)
+        wait = wait_settled(sv, name, t0)
         decisions, w0, w1 = window_decisions(sv, sv.opts.window_s)
         st = sv.get(f"/v1/models/{sv.model}/status")
     finally:
@@ -282,7 +312,8 @@ def run_phase(sv: Serving, rnd: int, name: str) -> dict[str, Any]:
         "ratio": _ratio(obs["p50_ms"], pred["current_ms"]),
         "ratio_corrected": _ratio(obs["p50_ms"], pred["corrected_current_ms"]),
         "service_ratio": _ratio(pred["observed_service_ms"], pred["current_ms"]),
-        "predicted_for": made_at, "planned_from": profile_file,
+        "predicted_for": made_at, "planned_from": profile_file, "sent": sv.sent[name],
+        "profile": profile_facts(sv.state / profile_file),
         "traffic": (st.get("traffic") or {}).get("tokens"), "mode": st.get("mode"),
         "plan": shape_label([(i["threads"], i["batch"]) for i in plan.get("instances", [])]) or None,
         "plan_batch": plan.get("batch"), "plan_predicted_ms": st.get("predicted_latency_ms"),
@@ -351,7 +382,9 @@ def serving(opts: Options, root: Path, log: ResultLog) -> Iterator[Serving]:
                                 stdout=subprocess.DEVNULL, stderr=open(root / "controller.log", "w"),
                                 start_new_session=True)
         _wait_healthy(f"http://127.0.0.1:{port}", proc)
-        yield Serving(server, f"http://127.0.0.1:{port}", state, model, log, opts, phases(opts.model_dir))
+        texts = phases(opts.model_dir)
+        sent = {name: sent_sizes(opts.model_dir, bodies) for name, (_, bodies) in texts.items()}
+        yield Serving(server, f"http://127.0.0.1:{port}", state, model, log, opts, texts, sent)
     finally:
         if proc is not None and proc.poll() is None:
             proc.terminate()
@@ -415,15 +448,17 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-ROW = ("| {round} | {phase} ({texts}) | {predicted_for} | {plan} B={batch} | {pred} | {corr} | {p50} | {p99} | "
+ROW = ("| {round} | {phase} ({texts}) | {predicted_for} | {made} | {plan} B={batch} | {pred} | {corr} | {p50} | {p99} | "
        "{rps} | {ratio} | {sratio} | {settled} | {swaps} | {reprof} | {failed} |")
 
 
 def table_row(r: dict[str, Any]) -> str:
-    p, o = r["predicted"], r["observed"]
+    p, o, prof = r["predicted"], r["observed"], r.get("profile") or {}
+    made = (f"{str(prof.get('created') or '?')[11:19]}, {prof.get('corrected', 0)} corrected / "
+            f"{prof.get('contended', 0)} contended" if prof else "?")
     return ROW.format(
         round=r["round"], phase=r["phase"], texts=r["texts"],
-        predicted_for=", ".join(f"{k} {v}" for k, v in r["predicted_for"].items()) or "task's sample",
+        predicted_for=", ".join(f"{k} {v}" for k, v in r["predicted_for"].items()) or "task's sample", made=made,
         plan=r["plan"], batch=p["estimated_batch"], pred=p["current_ms"], corr=p["corrected_current_ms"],
         p50=o["p50_ms"], p99=o["p99_ms"], rps=o["throughput_rps"], ratio=r["ratio"], sratio=r["service_ratio"],
         settled=f"{r['settled_after_s']} s" if r["settled"] else "no (timeout)", swaps=r["swaps"],
@@ -447,9 +482,10 @@ def render(records: list[dict[str, Any]], took: tuple[float, float]) -> str:
              __doc__.split("\n\n", 1)[1].strip(), "",
              "The load generator's own round trip at the same clients against a server that answers "
              f"at once: p50 {rt['p50_ms'] if rt else '?'} ms, p99 {rt['p99_ms'] if rt else '?'} ms.", "",
-             "| round | phase | prediction for | plan at est. B | predicted ms | corrected ms | p50 ms | "
-             "p99 ms | req/s | p50 / predicted | service / predicted | settled after | swaps | re-profiles | failed |",
-             "|" + "---|" * 15]
+             "| round | phase | prediction for | profile made (UTC), points | plan at est. B | predicted ms | "
+             "corrected ms | p50 ms | p99 ms | req/s | p50 / predicted | service / predicted | settled after | swaps | "
+             "re-profiles | failed |",
+             "|" + "---|" * 16]
     lines += [table_row(r) for r in rows]
     lines += ["", "| texts | median p50 / predicted | p50 spread | predicted spread | band | within | swaps | failed |",
               "|---|---|---|---|---|---|---|---|"]
