@@ -327,6 +327,7 @@ class Reprofiler:
         """What the traffic moved from and to, and a kept profile covering it; None when
         nothing is to be done now (class doc)."""
         c = self.controller
+        now = self.traffic(st)  # read at every check, so "lately" stays ~window_s after a skip too
         if c.tuning.key(st) is None or c.pins.pinned(st.model) or st.mode is None:
             return None
         if c.jobs.unfinished("profile", st.model) is not None or c.jobs.unfinished("tune", st.model) is not None:
@@ -335,7 +336,7 @@ class Reprofiler:
             profile = c.planner.profile(st)
         except PackratError:
             return None  # nothing planned from yet: a profile or tune request makes one
-        now, made_at = self.traffic(st), timed_sizes(profile)
+        made_at = timed_sizes(profile)
         moved = shifted(made_at, now) if now else []
         if not moved:
             return None

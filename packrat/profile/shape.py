@@ -6,7 +6,7 @@ settings (timed_sizes()): those asked for, and the sample's own as the served wo
 counts them (Task.served_sizes), so a profile made before there was traffic is
 compared with the traffic like any other. The workers' size histograms
 (packrat.worker_counters, summed per model by packrat.control.traffic) say what the
-traffic really sends. A batch is padded to its longest text and generates until its
+traffic really sends since they started; RecentSizes, what it sent lately. A batch is padded to its longest text and generates until its
 longest answer ends, so what a batch of B costs follows the largest of B sizes: its
 median is the quantile 0.5 ** (1 / B) of the sizes (B = 1: the median). An image is
 decoded on its own, so its median stands for pixels at any B.
