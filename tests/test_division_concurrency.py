@@ -59,6 +59,16 @@ def test_quiet_s_is_zero_while_busy_and_grows_once_quiet() -> None:
     assert not out[9].idle and out[9].concurrency is not None and out[9].concurrency > 4
 
 
+def test_a_load_that_stops_within_a_tick_reads_quiet_from_where_it_stopped() -> None:
+    # 8 clients (40 req/s at 200 ms: 8e6 µs of latency a second), stopping 0.25 s into tick 7:
+    # 2e6 µs at the load's concurrency 8 fill 0.25 s of that tick (Little's law).
+    out = _feed([(40.0, 8e6, 0)] * 7 + [(10.0, 2e6, 0)] + [(0.0, 0.0, 0)] * 2)
+    assert out[7].quiet_s == 0.75 and out[8].quiet_s == 1.75 and out[9].quiet_s == 2.75
+    # Requests that arrived and were not answered yet are in the server now.
+    out = _feed([(40.0, 8e6, 0)] * 7 + [(3.0, 0.0, 0)])
+    assert out[7].quiet_s == 0.0
+
+
 def test_pending_requests_count_as_busy() -> None:
     # Requests queued but none finishing (a stalled worker): the counters stand still.
     out = _feed([(40.0, 8e6, 0)] * 6 + [(0.0, 0.0, 3)] * 3 + [(0.0, 0.0, 0)] * 2)
@@ -161,14 +171,14 @@ def test_alternating_load_gives_each_model_the_machine_in_turn(tmp_path: Path) -
     assert [d.reason for d in rig.decisions if d.swap] == []
     assert not any(d.reason == "cores-moved" for d in rig.decisions)
     # After the first seconds of each phase the loaded model has both cores to itself.
-    late = [(t, shares) for t, shares in rig.shares if t > 20 and t % 5.0 >= 3.0]
+    late = [(t, shares) for t, shares in rig.shares if t > 20 and t % 5.0 >= 2.0]
     assert late
     for t, shares in late:
         loaded = "a" if int(t // 5.0) % 2 == 0 else "b"
         assert shares == {loaded: CORES}, (t, shares)
-    # A split lasts at most two ticks at each phase boundary (the old load's quiet time).
+    # A split lasts one tick at each phase boundary (the old load's quiet time).
     split = [t for t, shares in rig.shares if t > 20 and len(shares) == 2]
-    assert len(split) <= 2 * (180 - 20) / 5.0
+    assert len(split) <= (180 - 20) / 5.0
 
 
 def test_concurrent_load_keeps_the_split(tmp_path: Path) -> None:
@@ -195,11 +205,10 @@ def test_a_sparse_steady_load_does_not_flip_the_division(tmp_path: Path) -> None
 
 def test_load_moving_for_good_frees_the_machine_within_seconds(tmp_path: Path) -> None:
     rig = TwoModels(tmp_path)
-    for _ in range(30):
-        rig.tick({"a": closed_loop(8), "b": (0.0, 0.0)})
-    step = rig.t - 0.5  # the load moves from "a" to "b" at 30.0
-    for _ in range(20):
-        rig.tick({"a": (0.0, 0.0), "b": closed_loop(8)})
+    step = 29.8  # the load moves from "a" to "b" 0.3 s into the tick ending at 30.5
+    for _ in range(50):
+        before = min(1.0, max(0.0, step - (rig.t)))  # of the second ending at rig.t + 1
+        rig.tick({"a": closed_loop(8, before), "b": closed_loop(8, 1.0 - before)})
     alone = min(t for t, shares in rig.shares if t > step and shares == {"b": CORES})
-    # a's last load shows at 30.5, two quiet ticks (31.5, 32.5), the division next tick.
-    assert alone - step <= 4.0
+    # a quiet from 29.8: 1.7 s at 31.5, the division next tick (the old code: 35.5).
+    assert alone - step <= 3.0

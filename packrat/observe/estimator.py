@@ -37,13 +37,18 @@ to leave a whole window. A spike shorter than the window moves it less than
 The jump is taken only when it changes B: a load already at B = 1 does
 not jump to idle, so a sparse load's gaps between requests are not steps.
 
-Quiet time. Each estimate carries `active_s`, the time of the newest
-sample that showed load: the requests or latency counter moved since the
-sample before, or requests were pending (Estimate.quiet_s is the time since).
-The window integrates the last 5 s, so it reads a load for seconds after it
-stopped; quiet_s says within a tick or two that it stopped, which is what
-the division of cores among models asks (packrat.control.division: cores
-are split only between models whose loads overlap in time).
+Quiet time. Each estimate carries `active_s`, when the load last showed
+(Estimate.quiet_s is the time since): the sample's time when requests are
+pending, or arrived and none was answered; the previous mark when the
+counters stood still; else, by Little's law within the tick, the tick's
+start plus Δ latency / the load's concurrency (the EWMA), at most the
+sample's time. So a load that stopped 0.3 s into a tick reads quiet from
+there, not from the sample (ticks of 1-2 s on a busy machine would add
+that much to every reading), while a load that went on reads 0. The window
+integrates the last 5 s, so it reads a load for seconds after it stopped;
+quiet_s says within a tick or two that it stopped, which is what the
+division of cores among models asks (packrat.control.division: cores are
+split only between models whose loads overlap in time).
 
 The caller owns the state (a frozen value) and the clock (the observation's
 time_s); nothing here reads time or talks to TorchServe.
@@ -163,15 +168,22 @@ class _Window:
 
 
 def last_active(state: EstimatorState, obs: Observation) -> float:
-    """When the load last showed, as of `obs`: its time when the counters moved since the
-    previous sample or requests are pending, else the previous mark (the first sample's
-    time before any: nothing is known of the time before it)."""
+    """When the load last showed, as of `obs` (module doc, "Quiet time")."""
     prev = state.samples[-1] if state.samples else None
-    moved = prev is not None and (obs.requests_total != prev.requests_total
-                                  or obs.latency_us_total != prev.latency_us_total)
-    if moved or obs.pending_requests or state.active_s is None:
-        return obs.time_s
-    return state.active_s
+    if prev is None or state.active_s is None or obs.pending_requests:
+        return obs.time_s  # nothing known of the time before, or requests waiting now
+    d_req = obs.requests_total - prev.requests_total
+    d_lat = obs.latency_us_total - prev.latency_us_total
+    if d_req == 0 and d_lat == 0:
+        return state.active_s
+    if d_lat <= 0:
+        return obs.time_s  # requests arrived and none was answered: they are in the server now
+    # Little's law over the tick: the answered requests spent d_lat in the server, which a
+    # load at its concurrency c (the EWMA as last read) fills in d_lat / c seconds from the
+    # tick's start. A load that stopped early in the tick is placed where it stopped, not at
+    # the sample; a load that went on fills the tick (clamped to the sample's time).
+    c = max(state.ewma or 1.0, 1.0)
+    return min(obs.time_s, prev.time_s + d_lat / 1e6 / c)
 
 
 def _measure(base: Observation, obs: Observation) -> _Window:
