@@ -20,8 +20,10 @@ Rules, in order (the first that applies gives the reason):
                       min_stable_s too (else "cores-settling": when load moves
                       from one model to another, the new one's first ticks
                       split the cores while the old one's load is still in its
-                      window; seconds later the old one reads idle and needs no
-                      move); neither dwell nor the gain threshold apply
+                      window; a tick or two later the old one reads quiet, idle
+                      for the division (packrat.control.division), and needs no
+                      move; so load alternating every few seconds moves nothing);
+                      neither dwell nor the gain threshold apply
   no-active-plan      nothing applied yet -> swap (the initial plan), once B
                       has held min_stable_s
   no-prediction       the active plan cannot be scored at this B
