@@ -138,6 +138,10 @@ class Plan:
     # Execution mode "<precision>-<runtime>" the workers run (docs/modes.md);
     # None: whatever the base archive's model_config.yaml says.
     mode: str | None = None
+    # The request sizes its predictions are for: the timed sizes of the profile it was made
+    # from, e.g. (("tokens", 5),) (profile_sizes). (): not known (no profile, or one made
+    # before profiles recorded them). Says what a figure means, so takes no part in equality.
+    sizes: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
     @property
     def expected_speedup(self) -> float | None:
@@ -162,7 +166,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """The plan's one wire format; the derived keys are for readers and ignored on read.
-        `mode` is written only when the plan sets one (older readers see the same keys)."""
+        `mode` and `sizes` are written only when known (older records read back the same)."""
         out: dict[str, Any] = {
             "cores": self.cores,
             "batch": self.batch,
@@ -178,6 +182,8 @@ class Plan:
         }
         if self.mode is not None:
             out["mode"] = self.mode
+        if self.sizes:
+            out["sizes"] = dict(self.sizes)
         return out
 
     @classmethod
@@ -195,9 +201,26 @@ class Plan:
                 predicted_latency_ms=float(d.get("predicted_latency_ms") or 0.0),
                 fat_latency_ms=None if d.get("fat_latency_ms") is None else float(d["fat_latency_ms"]),
                 mode=None if d.get("mode") is None else str(d["mode"]),
+                sizes=_sizes(d.get("sizes")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed plan record: {d!r}") from exc
+
+
+def profile_sizes(profile: Profile | None) -> tuple[tuple[str, int], ...]:
+    """The request size per kind `profile` was timed at (its settings' "sizes", which
+    packrat.profile.shape.timed_sizes reads too), sorted by kind; (): not known."""
+    pairs = ((profile.extra.get("settings") or {}).get("sizes") or ()) if profile is not None else ()
+    return tuple(sorted((str(k), int(v)) for k, v in pairs))
+
+
+def _sizes(d: Any) -> tuple[tuple[str, int], ...]:
+    """A record's {kind: size} (None or absent: not known) as sorted pairs."""
+    if d is None:
+        return ()
+    if not isinstance(d, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in d.values()):
+        raise ValueError(f"sizes is {d!r}, not kinds to sizes")
+    return tuple(sorted((str(k), v) for k, v in d.items()))
 
 
 @dataclass(frozen=True)
@@ -402,11 +425,18 @@ class Decision:
     estimate: Estimate
     estimate_stable_s: float = 0.0  # how long the estimated B has held
     dwell_s: float | None = None  # the dwell the corrected gain asks for (None: no gain)
+    # The request sizes the compared predictions are for (the timed sizes of the profile the
+    # live plan is scored with), and the traffic's lately at the live plan's B; (): not known.
+    predicted_for: tuple[tuple[str, int], ...] = ()
+    traffic_sizes: tuple[tuple[str, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The decision's one wire format, flat-ish and rounded: a line of decisions.jsonl,
-        an entry of the REST status."""
+        an entry of the REST status. The sizes only when known (lines of before read back
+        the same)."""
         c, e = self.correction, self.estimate
+        sizes = {k: dict(v) for k, v in (("predicted_for", self.predicted_for),
+                                         ("traffic_sizes", self.traffic_sizes)) if v}
         return {
             "time_s": round(self.time_s, 3),
             "model": self.model,
@@ -435,6 +465,7 @@ class Decision:
                          "mean_queue_ms": _r(e.mean_queue_ms),
                          # when the load last showed; absent where not known (lines before it)
                          **({} if e.active_s is None else {"active_s": _r(e.active_s, 3)})},
+            **sizes,
         }
 
     @classmethod
@@ -462,6 +493,7 @@ class Decision:
             estimate=Estimate(time_s=time_s, model=d["model"], batch=batch, ready=bool(est.get("ready")),
                               **_estimate_figures(est, "decision estimate")),
             estimate_stable_s=float(_num(d, "estimate_stable_s", "decision", 0.0)),
+            predicted_for=_sizes(d.get("predicted_for")), traffic_sizes=_sizes(d.get("traffic_sizes")),
         )
 
 
@@ -666,6 +698,9 @@ class TickContext:
     # The live version's workers run on cores outside the `cores` this model has now
     # (packrat.plan.share divided the usable cores among models): the policy must move it.
     misplaced: bool = False
+    # The traffic's representative request sizes lately at the live plan's B
+    # (packrat.control.traffic.TrafficShapes.recent); (): too few requests, or not read.
+    traffic: tuple[tuple[str, int], ...] = ()
 
 
 class Policy(Protocol):

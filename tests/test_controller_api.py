@@ -109,13 +109,14 @@ def test_every_endpoint_refuses_without_the_management_token(stack) -> None:
     assert len(ctl.get("/v1/swaps").json()) == swaps_before
 
 
-def _write_profile(ctl: Ctl) -> Profile:
+def _write_profile(ctl: Ctl, sizes: list[list] | None = None) -> Profile:
     # L(t, b): a 2-thread instance is 1.6x faster than a 1-thread one; latency grows with b.
     points = tuple(
         ProfilePoint(threads=t, batch=b, mean_ms=round(10.0 * b ** 0.8 / (1.6 if t == 2 else 1.0), 3))
         for t in (1, 2) for b in (1, 2, 4)
     )
-    prof = Profile(model_id="test", points=points)
+    # `sizes`: as if timed at these request sizes (the profiler's settings record them).
+    prof = Profile(model_id="test", points=points, extra={"settings": {"sizes": sizes}} if sizes else {})
     # A per-mode profile (what a profile job writes) would be preferred to this one.
     shutil.rmtree(ctl.state / "profiles" / MODEL, ignore_errors=True)
     save_profile(prof, ctl.state / "profiles" / f"{MODEL}.json")
@@ -131,7 +132,7 @@ def _applied_swaps(ctl) -> float:
 
 def test_plan_apply_status_and_malformed_plans(stack) -> None:
     server, ctl, store = stack
-    prof = _write_profile(ctl)
+    prof = _write_profile(ctl, sizes=[["tokens", 5]])
     # Compute without applying: the optimiser's realisable plan, version unchanged.
     version0 = ctl.get(f"/v1/models/{MODEL}/status").json()["version"]
     r = ctl.post(f"/v1/models/{MODEL}/plan", {"batch": 4})
@@ -171,6 +172,11 @@ def test_plan_apply_status_and_malformed_plans(stack) -> None:
     st = ctl.get(f"/v1/models/{MODEL}/status").json()
     assert [(i["threads"], i["batch"]) for i in st["plan"]["instances"]] == [
         (i.threads, i.batch) for i in want.instances]
+    # The prediction says which input it is for (the profile's timed sizes), in status and
+    # /metrics beside packrat_traffic_size.
+    assert st["predicted_for"] == {"tokens": 5} and st["plan"]["sizes"] == {"tokens": 5}
+    metrics = requests.get(f"{ctl.url}/metrics", timeout=30).text
+    assert f'packrat_prediction_size{{kind="tokens",model="{MODEL}"}} 5.0' in metrics
 
     # Observed latency from TorchServe's metrics once requests were served.
     for _ in range(5):

@@ -192,3 +192,71 @@ def test_a_new_profile_starts_the_correction_again(tmp_path: Path) -> None:
     fresh = _correction_after(d, lines, 1)
     # Started again: at most this tick's own sample, not the 20-odd learnt before.
     assert fresh["base_samples"] <= 1 < learnt["base_samples"]
+
+
+def _sized(profile, tokens: int, created: str = "2026-12-05T01:00:00Z"):
+    """`profile` as if timed at `tokens`-token texts (its settings' sizes, as the profiler writes them)."""
+    return replace(profile, extra={**profile.extra, "created": created, "settings": {"sizes": [["tokens", tokens]]}})
+
+
+def _ticks(d: Driver, lines: list[str], n: int, tokens: int | None) -> dict:
+    """`n` ticks of the same load whose traffic lately is `tokens`-token texts (None: not known);
+    the last decision line."""
+    for _ in range(n):
+        d.tick(1, traffic=(("tokens", tokens),) if tokens is not None else ())
+    return json.loads(lines[-1])
+
+
+def test_traffic_moved_from_where_the_correction_was_learnt_starts_it_again(tmp_path: Path) -> None:
+    """A correction is learnt at one input shape: traffic that moved beyond the shift factor
+    (packrat.profile.shape.shifted) from it starts it again, under the same profile (its timed
+    sizes not known here, so every tick may teach it). The old loop kept it (40 samples)."""
+    lines: list[str] = []
+    d = Driver(tmp_path, new_loop(lines))
+    learnt = _ticks(d, lines, 40, 5)["correction"]  # 100 ms served against 90 ms profiled, settled
+    assert learnt["base_samples"] > 0 and learnt["base"] != 1.0
+    assert d.state["correction_sizes"] == {"tokens": 5}
+    # Within the factor (5 -> 7): the same shape, kept and still learning.
+    assert _ticks(d, lines, 1, 7)["correction"]["base_samples"] == learnt["base_samples"] + 1
+    # Not known this tick (too few requests lately): nothing to move from, kept.
+    assert _ticks(d, lines, 1, None)["correction"]["base_samples"] == learnt["base_samples"] + 2
+    moved = _ticks(d, lines, 1, 40)
+    assert moved["correction"]["base_samples"] <= 1 < learnt["base_samples"]  # at most this tick's own
+    assert d.state["correction_sizes"] == {"tokens": 40}  # learnt at the new shape from now on
+    assert moved["traffic_sizes"] == {"tokens": 40} and "predicted_for" not in moved  # profile's not known
+
+
+def test_ticks_the_profile_does_not_cover_teach_the_correction_nothing(tmp_path: Path) -> None:
+    """A 5-token profile serving 128-token texts: observed/predicted measures the input, not
+    contention, so the correction learns nothing from it (the traffic-shape run learnt the 4x
+    clamp and said 3878 ms); the gap is still reported, and each decision says which sizes
+    its predictions are for and which the traffic has. The old loop learnt 37 samples here."""
+    lines: list[str] = []
+    d = Driver(tmp_path, new_loop(lines))
+    save_profile(_sized(PROFILE, 5), d.profile_path)
+    uncovered = _ticks(d, lines, 40, 128)
+    assert uncovered["predicted_for"] == {"tokens": 5} and uncovered["traffic_sizes"] == {"tokens": 128}
+    assert uncovered["correction"]["base_samples"] == 0 and uncovered["correction"]["base"] == 1.0
+    assert uncovered["latency_gap"] == pytest.approx(100 / 90 - 1, rel=0.05)  # measured, reported
+    assert uncovered["corrected_current_ms"] == uncovered["current_ms"]
+    assert "correction_sizes" not in d.state
+    covered = _ticks(d, lines, 40, 6)  # texts the profile covers (within the factor of 5): learnt
+    assert covered["correction"]["base_samples"] > 0 and covered["correction"]["base"] > 1.0
+    assert d.state["correction_sizes"] == {"tokens": 6}
+
+
+def test_decision_lines_with_sizes_read_back_and_old_lines_stay_as_they_were(tmp_path: Path) -> None:
+    from packrat.types import Decision
+
+    lines: list[str] = []
+    d = Driver(tmp_path, new_loop(lines))
+    save_profile(_sized(PROFILE, 5), d.profile_path)
+    line = _ticks(d, lines, 3, 6)
+    back = Decision.from_dict(line)
+    assert back.predicted_for == (("tokens", 5),) and back.traffic_sizes == (("tokens", 6),)
+    assert back.to_dict()["predicted_for"] == {"tokens": 5}
+    old = {k: v for k, v in line.items() if k not in ("predicted_for", "traffic_sizes")}
+    sizeless = {k: v for k, v in back.to_dict().items() if k not in ("predicted_for", "traffic_sizes")}
+    assert Decision.from_dict(old).to_dict() == sizeless  # no sizes written where none were known
+    with pytest.raises(ValueError, match="sizes"):
+        Decision.from_dict({**line, "predicted_for": {"tokens": "five"}})

@@ -67,6 +67,8 @@ def render_status(s: ModelStatus) -> dict[str, Any]:
         "plan": st.plan.to_dict() if st.plan else None,
         # 0 means "not predicted" (an explicit plan applied without a profile).
         "predicted_latency_ms": (st.plan.predicted_latency_ms or None) if st.plan else None,
+        # The request sizes that prediction is for ({"tokens": 5}; None: not known).
+        "predicted_for": dict(st.plan.sizes) if st.plan and st.plan.sizes else None,
         "observed": asdict(s.observed) if s.observed else None,
         "workers": [render_worker(w) for w in st.workers],
         "other_versions": list(st.other_versions),

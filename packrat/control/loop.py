@@ -34,7 +34,7 @@ from packrat.control.pins import Pins
 from packrat.control.planning import Planner
 from packrat.control.statefiles import StateFiles
 from packrat.control.swaps import Swaps
-from packrat.control.traffic import TrafficShapes
+from packrat.control.traffic import TrafficShapes, plan_batch
 from packrat.control.values import ModelState
 from packrat.errors import BusyError, TorchServeError
 from packrat.types import Policy, Profile, TickContext
@@ -102,7 +102,7 @@ class Ticker:
             if st is not None:
                 states[model] = st
         self._kept = {m: k for m, k in self._kept.items() if m in states}
-        self.guarded("traffic", lambda: self.traffic.update_all(states.values()))
+        self.guarded("traffic", lambda: self.traffic.update_all(states.values(), self.clock()))
         # Each model's per-mode profiles, read and checked once for the division and its tick.
         profiles = {m: self.guarded(m, lambda: self.planner.tick_profiles(st)) or () for m, st in states.items()}
         self.guarded("divide", lambda: self.shares.divide(
@@ -191,6 +191,7 @@ class Ticker:
             swap_in_progress=self.swaps.running is not None,
             profiles=profiles,
             misplaced=self.shares.misplaced(st) and model in (division.shares if division else {}),
+            traffic=self.traffic.recent(model, plan_batch(st)),
         )
         new_plan, all_state[model] = policy(ctx, all_state.get(model, {}))  # saved once, after the tick
         if new_plan is None:

@@ -74,6 +74,10 @@ class LivePlans:
         predicted = GaugeMetricFamily("packrat_live_plan_predicted_latency_ms",
                                       "Predicted latency of the live plan (absent: not predicted)",
                                       labels=["model"])
+        # Beside packrat_traffic_size{model, kind}: the input the prediction is for.
+        sizes = GaugeMetricFamily("packrat_prediction_size", "Request size the live plan's predicted latency "
+                                  "is for: the timed size of the profile it was made from (kind: tokens, "
+                                  "pixels, generated; absent: not known)", labels=["model", "kind"])
         for model, entry in sorted(self.last_plans().items()):
             try:
                 plan = Plan.from_dict(entry["plan"])
@@ -89,4 +93,6 @@ class LivePlans:
             batch.add_metric([model], plan.batch)
             if plan.predicted_latency_ms:
                 predicted.add_metric([model], plan.predicted_latency_ms)
-        return [info, workers, batch, predicted]
+                for kind, size in plan.sizes:
+                    sizes.add_metric([model, kind], size)
+        return [info, workers, batch, predicted, sizes]

@@ -7,10 +7,14 @@ the distribution of what the live version has served since its workers started (
 swap starts new workers, so it is also "since the last swap"). Status shows it per
 model, and /metrics as packrat_traffic_size{model, kind, stat} and
 packrat_traffic_requests{model, kind}: which input shape the traffic has, beside the
-one the plan was made for.
+one the plan's prediction is for (status's predicted_for, packrat_prediction_size{model,
+kind}: the timed sizes of the profile the plan was made from).
 
 Reading it costs one small file read per worker (no call to TorchServe); it is read
 whenever a ModelState is (status, and each tick), and /metrics reports the last reading.
+The ticks' readings also say what each model served lately (TrafficShapes.recent,
+packrat.profile.shape.RecentSizes): the re-plan loop's TickContext.traffic, against which
+it checks that a prediction is for the traffic before learning from it.
 """
 
 from __future__ import annotations
@@ -20,23 +24,32 @@ from typing import Any
 
 from packrat import slots
 from packrat.control.values import ModelState
-from packrat.profile.shape import representative_sizes, shifted
+from packrat.profile.shape import RECENT_S, RecentSizes, representative_sizes, shifted
 from packrat.types import TuneRecord
 from packrat.worker_counters import SIZE_KINDS, SizeHistogram
 
 QUANTILES = {"p50": 0.5, "p90": 0.9}
 
 
-def served_sizes(st: ModelState) -> dict[str, SizeHistogram] | None:
-    """{kind: histogram} summed over the model's live workers; None when no worker has one
-    (a version Packrat did not build, or workers still starting)."""
-    total: dict[str, SizeHistogram] | None = None
+def worker_sizes(st: ModelState) -> dict[int, dict[str, SizeHistogram]]:
+    """{pid: {kind: histogram}} of the model's live workers that have one."""
+    out: dict[int, dict[str, SizeHistogram]] = {}
     for worker in st.workers:
         pid = worker.described.get("pid")
         sizes = slots.read_worker_sizes(pid) if isinstance(pid, int) and pid > 0 else None
-        if sizes is None:
-            continue
-        total = sizes if total is None else {kind: total[kind] + sizes[kind] for kind in SIZE_KINDS}
+        if sizes is not None:
+            out[pid] = sizes
+    return out
+
+
+def served_sizes(st: ModelState, reading: Mapping[int, Mapping[str, SizeHistogram]] | None = None,
+                 ) -> dict[str, SizeHistogram] | None:
+    """{kind: histogram} summed over the model's live workers (`reading`: worker_sizes(st),
+    read here when not given); None when no worker has one (a version Packrat did not
+    build, or workers still starting)."""
+    total: dict[str, SizeHistogram] | None = None
+    for sizes in (worker_sizes(st) if reading is None else reading).values():
+        total = dict(sizes) if total is None else {kind: total[kind] + sizes[kind] for kind in SIZE_KINDS}
     return total
 
 
@@ -98,35 +111,44 @@ def why_retune(record: TuneRecord | None, st: ModelState) -> str | None:
     return _moved(before, st, record.batch or 1)
 
 
-def why_reprofile(made_at: Mapping[str, int], st: ModelState) -> str | None:
-    """With tuning off: why the live mode must be profiled again (None: it need not), the
-    traffic at the live plan's B having moved beyond SHIFT_FACTOR from the sizes `made_at`
-    (the profile's: packrat.profile.shape.timed_sizes, or those of the last re-profile tried)."""
-    return _moved(made_at, st, plan_batch(st))
-
-
 class TrafficShapes:
-    """The last traffic shape read per model, and a Prometheus collector of it."""
+    """The last traffic shape read per model, and a Prometheus collector of it; and, from the
+    ticks' readings, what each model served lately (packrat.profile.shape.RecentSizes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, window_s: float = RECENT_S) -> None:
         self._last: dict[str, dict[str, dict[str, Any]]] = {}
+        self._recent = RecentSizes(window_s)
+        self._lately: dict[str, dict[str, SizeHistogram]] = {}
 
-    def update(self, st: ModelState) -> dict[str, dict[str, Any]] | None:
-        """Read `st`'s workers now; returns the shape (status shows it)."""
-        now = shape(served_sizes(st))
-        if now is None:
+    def update(self, st: ModelState, now: float | None = None) -> dict[str, dict[str, Any]] | None:
+        """Read `st`'s workers now; returns the shape (status shows it). `now`: the tick's
+        clock, the reading then also counts towards recent() (a status read does not)."""
+        reading = worker_sizes(st)
+        found = shape(served_sizes(st, reading))
+        if found is None:
             self._last.pop(st.model, None)
         else:
-            self._last[st.model] = now
-        return now
+            self._last[st.model] = found
+        if now is not None:
+            self._lately[st.model] = self._recent.update(st.model, now, reading)
+        return found
 
-    def update_all(self, states: Iterable[ModelState]) -> None:
+    def update_all(self, states: Iterable[ModelState], now: float | None = None) -> None:
         """A tick's reading of every model: models no longer listed are forgotten."""
         states = list(states)
         for st in states:
-            self.update(st)
-        for model in set(self._last) - {st.model for st in states}:
+            self.update(st, now)
+        listed = {st.model for st in states}
+        for model in set(self._last) - listed:
             self._last.pop(model, None)
+        for model in set(self._lately) - listed:
+            self._lately.pop(model, None)
+
+    def recent(self, model: str, batch: int) -> tuple[tuple[str, int], ...]:
+        """The sizes to plan what `model` served lately (the last ~window_s of ticks) at load
+        batch `batch` (packrat.profile.shape.representative_sizes); (): too few requests."""
+        lately = self._lately.get(model)
+        return representative_sizes(lately, batch) if lately else ()
 
     def describe(self) -> list[Any]:
         return []  # registering must not read anything

@@ -11,7 +11,9 @@ observation), the optimiser's candidates (packrat.plan.candidate_plans: the
 realisable plan, plus the other realisable uniform plans as alternatives the
 contention correction may prefer), packrat.plan.plan_latency_at (the active
 plan at the new B) and policy.decide. The controller persists the returned dict, so a restarted
-controller resumes with the same estimate, dwell clock and correction.
+controller resumes with the same estimate, dwell clock and correction. The correction is kept
+for one profile and one input shape (shape_rules: the traffic's sizes lately, TickContext.traffic,
+against those it was learnt at and those the planned-from profile was timed at).
 
 Side effects are limited to reporting: every decision is kept in a short in-memory
 list for the status endpoint, counted in a prometheus_client registry the REST API
@@ -45,8 +47,9 @@ from packrat.observe.persist import (
 )
 from packrat.observe.policy import PolicyContext, PolicySettings, decide
 from packrat.plan import candidate_plans, mode_candidates, plan_latency_at
+from packrat.profile.shape import shifted
 from packrat.profile.store import load_profile
-from packrat.types import Correction, Decision, Estimate, Plan, Profile, TickContext
+from packrat.types import Correction, Decision, Estimate, Plan, Profile, TickContext, profile_sizes
 
 log = logging.getLogger("packrat.adapt")
 # The decision log repeats an unchanged decision of a model at most this often (its clock).
@@ -206,39 +209,34 @@ class AdaptiveLoop:
 
         profile = self._profile(ctx.profile_path)
         current: Plan | None = ctx.plan
-        cands: tuple[Plan, ...] = ()
-        current_ms = None
-        if ctx.profiles:
-            # Tuned model: (mode, shape) candidates from every mode's checked profile.
-            cands, current_ms, _ = mode_candidates(ctx.profiles, ctx.cores, est.batch, current)
-        elif profile is not None:
-            # Beyond cores x the largest profiled batch no plan takes the whole
-            # load at once; the plan for that many is the best there is (the
-            # rest queues whatever the plan), so plan and compare at that B.
-            plan_b = min(est.batch, ctx.cores * max(p.batch for p in profile.points))
-            cands = candidate_plans(profile, ctx.cores, plan_b)
-            if current is not None:
-                current_ms = plan_latency_at(profile, current, plan_b)
-        if current is not None and current_ms is None and current.batch == est.batch:
-            current_ms = current.predicted_latency_ms
+        cands, current_ms = _candidates(ctx, profile, est.batch)
 
-        # The correction is observed/profiled for the profiles it was learnt against: a new
-        # profile (a re-profile at the traffic's sizes, a tune) starts it again, else a gap
-        # learnt against 128-token figures would scale 5-token ones (measured:
-        # docs/benchmarks/traffic-shape-bert-base-epyc.md, corrected 36 ms, observed 84).
+        # The correction is observed/profiled for the profiles and the traffic's shape it was
+        # learnt at (shape_rules): a new profile (a re-profile at the traffic's sizes, a tune)
+        # starts it again, else a gap learnt against 128-token figures would scale 5-token
+        # ones (measured: docs/benchmarks/traffic-shape-bert-base-epyc.md, corrected 36 ms,
+        # observed 84); so does traffic moved from the shape it was learnt at.
         planned_from = profiles_key(ctx.profiles or ((profile,) if profile is not None else ()))
-        if state.get("planned_from") not in (None, planned_from):
-            pol_state = replace(pol_state, correction=Correction())
+        predicted_for = dict(profile_sizes(_scored_with(ctx.profiles, profile, current)))
+        traffic = dict(ctx.traffic)
+        correction, learned_at, learn = shape_rules(
+            pol_state.correction, state.get("correction_sizes"), predicted_for, traffic,
+            new_profiles=state.get("planned_from") not in (None, planned_from))
         new_state["planned_from"] = planned_from
 
         pctx = PolicyContext(
             now_s=ctx.now, model=model, estimate=est, current=current,
             current_latency_ms=current_ms, candidates=cands, enabled=enabled,
-            swap_in_progress=ctx.swap_in_progress,
-            active_since_s=active_since, misplaced=ctx.misplaced, settings=self.settings.policy,
+            swap_in_progress=ctx.swap_in_progress, active_since_s=active_since,
+            misplaced=ctx.misplaced, learn=learn, settings=self.settings.policy,
         )
-        decision, pol_state = decide(pol_state, pctx)
+        decision, pol_state = decide(replace(pol_state, correction=correction), pctx)
+        if learned_at is None and learn and traffic and decision.latency_gap is not None:
+            learned_at = traffic  # its first lesson since it (re)started: the shape it is for
+        new_state.pop("correction_sizes", None)
+        new_state.update({"correction_sizes": learned_at} if learned_at else {})
         new_state["policy"] = policy_state_to_json(pol_state)
+        decision = replace(decision, predicted_for=tuple(sorted(predicted_for.items())), traffic_sizes=ctx.traffic)
         self._report(decision)
         return (decision.target if decision.swap else None), new_state
 
@@ -328,6 +326,55 @@ def log_decisions_to(path: Path, max_bytes: int = 20_000_000, backups: int = 3) 
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False  # the lines are data; keep them out of the console
+
+
+def _candidates(ctx: TickContext, profile: Profile | None, batch: int) -> tuple[tuple[Plan, ...], float | None]:
+    """(the plans to choose from at load `batch`, the live plan's predicted latency there)."""
+    current = ctx.plan
+    cands: tuple[Plan, ...] = ()
+    current_ms = None
+    if ctx.profiles:
+        # Tuned model: (mode, shape) candidates from every mode's checked profile.
+        cands, current_ms, _ = mode_candidates(ctx.profiles, ctx.cores, batch, current)
+    elif profile is not None:
+        # Beyond cores x the largest profiled batch no plan takes the whole
+        # load at once; the plan for that many is the best there is (the
+        # rest queues whatever the plan), so plan and compare at that B.
+        plan_b = min(batch, ctx.cores * max(p.batch for p in profile.points))
+        cands = candidate_plans(profile, ctx.cores, plan_b)
+        if current is not None:
+            current_ms = plan_latency_at(profile, current, plan_b)
+    if current is not None and current_ms is None and current.batch == batch:
+        current_ms = current.predicted_latency_ms
+    return cands, current_ms
+
+
+def _scored_with(profiles: tuple[Profile, ...], profile: Profile | None, current: Plan | None) -> Profile | None:
+    """The profile the live plan's prediction comes from: its mode's among per-mode
+    profiles (the first when none is of its mode), else the model's one profile."""
+    if not profiles:
+        return profile
+    mode = current.mode if current is not None else None
+    return next((p for p in profiles if p.fingerprint is not None and p.fingerprint.mode == mode), profiles[0])
+
+
+def shape_rules(correction: Correction, learned_at: dict[str, int] | None, predicted_for: dict[str, int],
+                traffic: dict[str, int], *, new_profiles: bool,
+                ) -> tuple[Correction, dict[str, int] | None, bool]:
+    """(the correction to decide with, the traffic sizes it was learnt at, whether this tick
+    may teach it). Pure; sizes are {kind: representative size} ({}/None: not known).
+
+    A correction is observed/predicted of one profile at one input shape, so it starts again
+    (neutral, no shape) when the profiles planned from change, or when the traffic's sizes
+    lately moved beyond packrat.profile.shape.shifted's factor from those it was learnt at.
+    A tick whose traffic the predictions' profile does not cover (shifted from its timed
+    sizes) teaches it nothing: observed/predicted then measures the other input, not the
+    contention (a 5-token profile serving 128-token texts learnt the 4x clamp). Sizes not
+    known on either side: the rules of before (learn; no shape to move from)."""
+    if new_profiles or (learned_at and traffic and shifted(learned_at, traffic)):
+        correction, learned_at = Correction(), None
+    learn = not predicted_for or not traffic or not shifted(predicted_for, traffic)
+    return correction, (dict(learned_at) if learned_at else None), learn
 
 
 def profiles_key(profiles: tuple[Profile, ...]) -> str:

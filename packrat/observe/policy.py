@@ -195,6 +195,9 @@ class PolicyContext:
     # The active plan's workers run on cores the model no longer has (the
     # division of cores among models moved): it must move, whatever the gain.
     misplaced: bool = False
+    # The observed latency may teach the correction: the traffic is of the input shape the
+    # predictions are for (packrat.observe.loop.shape_rules); False: only reported.
+    learn: bool = True
     settings: PolicySettings = field(default_factory=PolicySettings)
 
 
@@ -303,6 +306,8 @@ def _learn(corr: Correction, ctx: PolicyContext,
             or observed <= 0 or not (steady and settled and enough) or cur.predicted_latency_ms <= 0):
         return corr, None, observed
     ratio = observed / cur.predicted_latency_ms
+    if not ctx.learn:
+        return corr, ratio - 1.0, observed  # the gap of another input shape: reported, not learnt
     return update_correction(corr, ratio, len(cur.instances), s), ratio - 1.0, observed
 
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from packrat.errors import ConfigError, PlanError
 from packrat.plan.confidence import beats_fat
 from packrat.plan.knapsack import realizable_plan
-from packrat.types import Instance, Plan, Profile
+from packrat.types import Instance, Plan, Profile, profile_sizes
 
 
 def latency_at_or_above(profile: Profile, threads: int, batch: int, instances: int = 1) -> float | None:
@@ -76,6 +76,7 @@ def uniform_plan(n: int, threads: int, cap: int, cores: int, batch: int, profile
         instances=(Instance(threads=threads, batch=cap, latency_ms=float(lat or 0.0)),) * n,
         predicted_latency_ms=float(lat or 0.0),
         fat_latency_ms=profile.latency(cores, batch) if profile else None,
+        sizes=profile_sizes(profile),
     )
 
 
@@ -97,6 +98,7 @@ def plan_from_shape(shape: Sequence[tuple[int, int]], cores: int, profile: Profi
         batch=sum(i.batch for i in inst),
         instances=tuple(sorted(inst, key=lambda i: (-i.threads, -i.batch))),
         predicted_latency_ms=max(i.latency_ms for i in inst) if known else 0.0,
+        sizes=profile_sizes(profile) if known else (),
     )
 
 

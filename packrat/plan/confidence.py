@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from packrat.types import Instance, Plan, Profile, ProfilePoint
+from packrat.types import Instance, Plan, Profile, ProfilePoint, profile_sizes
 
 SIGNIFICANCE = 0.05
 
@@ -82,7 +82,7 @@ def fat_plan(profile: Profile, cores: int, batch: int) -> Plan | None:
         return None
     return Plan(cores=cores, batch=batch,
                 instances=(Instance(threads=cores, batch=batch, latency_ms=float(lat)),),
-                predicted_latency_ms=float(lat), fat_latency_ms=float(lat))
+                predicted_latency_ms=float(lat), fat_latency_ms=float(lat), sizes=profile_sizes(profile))
 
 
 def beats_fat(profile: Profile, plan: Plan) -> bool | None:

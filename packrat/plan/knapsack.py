@@ -34,21 +34,22 @@ batch, costed at its full b_i), and after rule 4 the smallest Σ b_i wins. This
 is what TorchServe does with ⌈B / b⌉ workers, and it has a plan for every B
 that fits (on 2 cores, B = 7 has no exact plan from power-of-two batches).
 The result is cached per (profile, T, B, rtol, cover): Profile is frozen and
-hashes its points (not its `extra`).
+hashes its points (not its `extra`), so the sizes the plan's prediction is for (the
+profile's timed sizes, in `extra`) are set on the way out.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
 
 from packrat.errors import ConfigError, PlanError, ProfileError
 from packrat.plan.confidence import fat_unless_distinct
-from packrat.types import Instance, Plan, Profile
+from packrat.types import Instance, Plan, Profile, profile_sizes
 
 __all__ = [
     "optimal_plan",
@@ -246,7 +247,7 @@ def optimal_plan(
     cores, batch = _check_args(cores, batch)
     if not (0.0 <= rtol < 1.0):
         raise ConfigError(f"rtol must be in [0, 1), got {rtol!r}")
-    return _solve(profile, cores, batch, float(rtol), bool(cover))
+    return _with_sizes(_solve(profile, cores, batch, float(rtol), bool(cover)), profile)
 
 
 @lru_cache(maxsize=256)
@@ -305,8 +306,15 @@ def realizable_plan(profile: Profile, cores: int, batch: int, *, noise_guard: bo
     the two figures (packrat.plan.confidence); False gives the plain minimum.
     """
     cores, batch = _check_args(cores, batch)
-    plan = _solve_realizable(profile, cores, batch)
+    plan = _with_sizes(_solve_realizable(profile, cores, batch), profile)
     return fat_unless_distinct(profile, plan) if noise_guard else plan
+
+
+def _with_sizes(plan: Plan, profile: Profile) -> Plan:
+    """`plan` saying the sizes `profile` was timed at. Set outside the caches: they key on
+    the profile's points, and two profiles alike but timed at other sizes share an entry."""
+    sizes = profile_sizes(profile)
+    return plan if plan.sizes == sizes else replace(plan, sizes=sizes)  # the cached object when alike
 
 
 def realizable_gap(optimal: Plan, realizable: Plan) -> float:

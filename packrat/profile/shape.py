@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from packrat.types import Profile
+from packrat.types import Profile, profile_sizes
 from packrat.worker_counters import SizeHistogram
 
 MIN_REQUESTS = 20  # fewer requests of a kind than this: not yet a distribution
@@ -59,8 +59,7 @@ def timed_sizes(profile: Profile | None) -> dict[str, int]:
     known: a profile made before profiles recorded their sample's sizes, or one of an
     archive whose task cannot count them; shifted() then takes every kind of traffic as
     moved (the caller bounds how often that re-measures)."""
-    pairs = ((profile.extra.get("settings") or {}).get("sizes") or ()) if profile is not None else ()
-    return {str(k): int(v) for k, v in pairs}
+    return dict(profile_sizes(profile))  # what a plan made from it says its predictions are for
 
 
 RECENT_S = 30.0  # the traffic "now": what the workers served over about this long

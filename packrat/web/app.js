@@ -168,6 +168,13 @@ function tunedForText(tune) {
   return kinds.length ? kinds.map(([kind, size]) => `${kind} ${size}`).join(", ") : "the task's sample input";
 }
 
+// "tokens 5": the request sizes a prediction is for (status's predicted_for, a decision's
+// predicted_for and traffic_sizes); "not known" without them (a profile that did not record them).
+function sizesText(sizes) {
+  const kinds = sizes && typeof sizes === "object" ? Object.entries(sizes) : [];
+  return kinds.length ? kinds.map(([kind, size]) => `${kind} ${size}`).join(", ") : "not known";
+}
+
 function pinText(pin) {
   if (!pin) return "not pinned";
   return `pinned: ${pin.mode || "its mode"} ${shapeText(pin.plan)} since ${clock(pin.since)}`;
@@ -226,10 +233,14 @@ function modelSection({ name, status, adapt, jobs }) {
   pinButton.addEventListener("click", () => { pinButton.disabled = true; setPin(name, !status.pin); });
   const latency = dl([
     ["predicted", ms(status.predicted_latency_ms), "predicted-latency"],
+    // The input that prediction is for, beside the traffic's (above): a 5-token figure says
+    // little of 128-token texts.
+    ["predicted for", status.predicted_latency_ms ? sizesText(status.predicted_for) : "–", "predicted-for"],
     ["observed (recent)", recentText(obs)],
     ["observed (overall)", ms(obs.mean_latency_ms), "observed-latency"],
     ["requests", typeof obs.requests_total === "number" ? String(obs.requests_total) : "–"],
     ["at est. B: pred. / obs.", last ? `${ms(last.current_ms > 0 ? last.current_ms : null)} / ${ms(last.observed_ms)}` : "–"],
+    ["at est. B: for / traffic lately", last ? `${sizesText(last.predicted_for)} / ${sizesText(last.traffic_sizes)}` : "–", "decision-sizes"],
   ]);
   const loop = dl([
     ["re-plan loop", adapt ? (adapt.enabled ? "on" : "off (plan fixed)") : "not running"],
