@@ -25,6 +25,7 @@ import pytest
 import requests
 import yaml
 
+from packrat.commands.tune import predicted_text
 from packrat.apply import versions
 from packrat.control.tuning import why_tune
 from packrat.bench.loadgen import ContinuousLoad
@@ -395,6 +396,9 @@ def _retune_on_request_reuses_valid_profiles(server, ctl: Ctl) -> None:
     first = out.stdout.splitlines()[0].split()
     assert first[:3] == [MODEL, after["version"], after["mode"]] and "applied" in out.stdout
     assert "fp32-torchscript" in out.stdout and "reused" in out.stdout
+    # ... and what the live plan predicts, for which input shape (the tune's profiles timed the task's sample).
+    assert after["predicted_for"], json.dumps(after, indent=1)
+    assert predicted_text(after["predicted_latency_ms"], after["predicted_for"]) in out.stdout
 
 
 @pytest.mark.parametrize("build_s, first_points, retried",

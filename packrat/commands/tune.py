@@ -87,10 +87,20 @@ def status_command(
         stage = tune.get("text") or "not tuned"
         pinned = "pinned" if st.get("pin") else ""
         traffic = traffic_text(st.get("traffic"))
+        predicted = predicted_text(st.get("predicted_latency_ms"), st.get("predicted_for"))
         typer.echo(f"{name:<12} {st['version']:<6} {st.get('mode') or '-':<18} {shape_text(st.get('plan')):<22} "
-                   f"{pinned:<7} {stage}" + (f"  [{traffic}]" if traffic else ""))
+                   f"{pinned:<7} {stage}" + (f"  [{predicted}]" if predicted else "")
+                   + (f"  [{traffic}]" if traffic else ""))
         if modes and tune:
             typer.echo(mode_table(TuneRecord.from_dict(tune)))
+
+
+def predicted_text(ms: float | None, sizes: dict[str, Any] | None) -> str:
+    """The live plan's prediction and the input shape it is for: 'predicted 65.6 ms for tokens 5'."""
+    if ms is None:
+        return ""
+    shape = ", ".join(f"{kind} {size:g}" for kind, size in (sizes or {}).items())
+    return f"predicted {ms:.1f} ms" + (f" for {shape}" if shape else " (input shape not recorded)")
 
 
 def traffic_text(traffic: dict[str, Any] | None) -> str:
