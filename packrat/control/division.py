@@ -109,11 +109,11 @@ class CoreDivision:
 
     def __init__(self, cores: Sequence[int], reason: str, files: StateFiles, metrics: ControllerMetrics,
                  weights: dict[str, float], threshold: float, idle_after_s: float,
-                 quiet_after_s: float = 1.5) -> None:
+                 concurrent_quiet_s: float = 1.5) -> None:
         self.cores, self.reason = list(cores), reason
         self.files, self.metrics = files, metrics
         self.weights, self.threshold, self.idle_after_s = weights, threshold, idle_after_s
-        self.quiet_after_s = quiet_after_s  # ControllerSettings.concurrent_quiet_s
+        self.concurrent_quiet_s = concurrent_quiet_s  # the floor of quiet_after_s
         self.division: Division | None = None
         self.why: str | None = None
         self._idle_since: dict[str, float] = {}
@@ -141,7 +141,7 @@ class CoreDivision:
         decisions = policy.last_decisions(model, last=1)
         if decisions and decisions[-1].estimate.ready:
             est = decisions[-1].estimate
-            quiet = est.quiet_s is not None and est.quiet_s >= quiet_after_s(est, self.quiet_after_s)
+            quiet = est.quiet_s is not None and est.quiet_s >= quiet_after_s(est, self.concurrent_quiet_s)
             self._batches[model] = None if est.idle or quiet else est.batch
         return self._batches.get(model)
 
