@@ -141,3 +141,22 @@ def test_pooled_samples_travel_in_decision_lines_and_the_persisted_state() -> No
     assert Decision.from_dict(line).to_dict() == d.to_dict()
     assert "pooled_samples" not in replace(d, correction=Correction()).to_dict()["correction"]
     assert policy_state_from_json(json.loads(json.dumps(policy_state_to_json(state)))) == state
+
+
+def test_the_gap_is_measured_against_the_profiles_planned_from_now_not_the_stored_figure() -> None:
+    # traffic-shape-bert-base-epyc-4: the live plan 2x(1t,b4) was applied from a 128-token
+    # profile (stored prediction 1,057 ms); short texts came, the re-profile at 5 tokens
+    # predicts the same plan at 62 ms and no swap follows (same shape). Served at 1.3x
+    # the 62 ms, the correction must read 1.3, not 78 / 1,057 = 0.07 (clamped to 0.25).
+    stored = replace(THIN, predicted_latency_ms=1057.0, instances=(Instance(1, 4, 1057.0),) * 2)
+    state = HELD
+    decisions = []
+    for k in range(40):
+        ctx = PolicyContext(now_s=float(k), model="sleepy-b", estimate=steady(float(k), 62.0 * 1.3),
+                            current=stored, current_latency_ms=62.0, candidates=(THIN, FAT),
+                            active_since_s=0.0, settings=SETTINGS)
+        d, state = decide(state, ctx)
+        decisions.append(d)
+    learned = [d.latency_gap for d in decisions if d.latency_gap is not None]
+    assert learned and learned[-1] == pytest.approx(0.3)
+    assert decisions[-1].corrected_current_ms == pytest.approx(62.0 * 1.3)

@@ -302,10 +302,15 @@ def _learn(corr: Correction, ctx: PolicyContext,
     # how fast instances run side by side.
     observed = est.mean_service_ms if est.mean_service_ms is not None else est.mean_latency_ms
     enough = (est.request_rate or 0.0) * (est.span_s or 0.0) >= s.min_requests
+    # The live plan as the profiles planned from now predict it (at its own B: steady), not the
+    # figure stored when it was applied: a re-profile (another input shape) changes the former
+    # without a swap, and a gap against the stale figure taught a 4x wrong correction
+    # (docs/benchmarks/traffic-shape-bert-base-epyc-4.md: 1,057 ms stored, 62 ms re-profiled).
+    predicted = ctx.current_latency_ms or (cur.predicted_latency_ms if cur is not None else None)
     if (cur is None or ctx.swap_in_progress or not est.ready or est.idle or observed is None
-            or observed <= 0 or not (steady and settled and enough) or cur.predicted_latency_ms <= 0):
+            or observed <= 0 or not (steady and settled and enough) or not predicted or predicted <= 0):
         return corr, None, observed
-    ratio = observed / cur.predicted_latency_ms
+    ratio = observed / predicted
     if not ctx.learn:
         return corr, ratio - 1.0, observed  # the gap of another input shape: reported, not learnt
     return update_correction(corr, ratio, len(cur.instances), s), ratio - 1.0, observed
