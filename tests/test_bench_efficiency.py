@@ -163,8 +163,12 @@ def test_efficiency_peer_level_serves_the_same_archive_through_litserve_pinned(
         cpu = r["cpu"]
         labels = [k for k in cpu if k.startswith("peer worker ")]
         assert len(labels) == WORKERS
-        for label in [*labels, "peer HTTP server 1 (uvicorn)", "client (the load generator, this process)"]:
+        for label in [*labels, "client (the load generator, this process)"]:
             assert cpu[label]["cpu_ms"] > 0, (label, cpu)
+        # Which of LitServe's HTTP servers accepts a connection is its processes' race for the
+        # shared socket (the lean client opens its few connections at once): their sum is measured.
+        servers = [k for k in cpu if k.startswith("peer HTTP server ")]
+        assert servers and sum(cpu[k]["cpu_ms"] for k in servers) > 0, cpu
         pids = {v["pid"] for k, v in cpu.items() if k.startswith("peer worker ")}
         assert pids == {w["pid"] for w in ready["workers"]}
         assert r["cpu_ms_per_item"] == pytest.approx(

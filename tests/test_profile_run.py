@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from packrat.plan.confidence import beats_fat, is_fat
 from packrat.profile import load_profile, open_archive
 from packrat.profile.fingerprint import current_fingerprint
 from packrat.slots import parse_cpu_list
@@ -78,9 +79,14 @@ def test_real_tiny_archive_profile_t2_b4(tmp_path):
         next(p.mean_ms for p in profile.corun if p.batch == 2)
     assert realizable_plan(profile, 2, 4).predicted_latency_ms in (
         thin.predicted_latency_ms, profile.latency(2, 4), profile.instance_latency(1, 4, 1))
-    # ... and it is the fastest of them (the thin one scored by its co-run figure).
-    assert realizable_plan(profile, 2, 4).predicted_latency_ms == min(
-        thin.predicted_latency_ms, profile.latency(2, 4), profile.instance_latency(1, 4, 1))
+    # ... and it is the fastest of them (the thin one scored by its co-run figure), unless the
+    # noise guard keeps fat: a profile measured on a busy machine may not tell them apart (then
+    # the guard's own verdict must say so).
+    fastest = min(thin.predicted_latency_ms, profile.latency(2, 4), profile.instance_latency(1, 4, 1))
+    chosen = realizable_plan(profile, 2, 4)
+    unguarded = realizable_plan(profile, 2, 4, noise_guard=False)
+    assert unguarded.predicted_latency_ms == fastest
+    assert chosen == unguarded or (is_fat(chosen) and beats_fat(profile, unguarded) is False)
     # the worker wrote no bytecode into the archive (it would not change the id, but it litters)
     assert not list(Path(archive_path).rglob("__pycache__"))
 
