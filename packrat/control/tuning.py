@@ -42,8 +42,7 @@ from packrat import tune
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of
 from packrat.control.swaps import Swaps
-from packrat import slots
-from packrat.control.traffic import plan_batch, profile_sizes, why_retune
+from packrat.control.traffic import plan_batch, profile_sizes, why_retune, worker_sizes
 from packrat.control.values import ModelState
 from packrat.errors import BusyError, ConfigError, PackratError
 from packrat.jobs import Job, Jobs, Turns
@@ -314,13 +313,7 @@ class Reprofiler:
 
     def traffic(self, st: ModelState) -> dict[str, int]:
         """The sizes to plan the traffic of lately at the live plan's B ({}: too few requests)."""
-        reading = {}
-        for worker in st.workers:
-            pid = worker.described.get("pid")
-            sizes = slots.read_worker_sizes(pid) if isinstance(pid, int) and pid > 0 else None
-            if sizes is not None:
-                reading[pid] = sizes
-        recent = self.recent.update(st.model, self.clock(), reading)
+        recent = self.recent.update(st.model, self.clock(), worker_sizes(st))
         return dict(representative_sizes(recent, plan_batch(st)))
 
     def shift(self, st: ModelState) -> Shift | None:
