@@ -125,6 +125,41 @@ def test_killing_the_shim_kills_its_worker_and_a_signal_comes_back_as_the_status
     assert server.poll() is None
 
 
+def test_a_worker_dying_while_the_server_is_busy_leaves_the_other_workers_alone(fork_server) -> None:
+    """A worker killed while the server is busy, and TorchServe killing its shim for it (what
+    it does when a worker dies), reach the server together: its SIGCHLD and the shim's
+    closed connection in one select(). Handling the first must not trip over the second:
+    a crashed fork server takes every worker it forked down with it (PDEATHSIG), the
+    workers of other models included (make test in CI lost a bystander's request so)."""
+    import socket
+
+    server, shim, script = fork_server
+    victim_shim = _start(shim, script, "sleep")
+    victim = json.loads(victim_shim.stdout.readline())["pid"]
+    bystander_shim = _start(shim, script, "sleep")
+    bystander = json.loads(bystander_shim.stdout.readline())["pid"]
+    # A caller that connects and says nothing holds the one-threaded server in its read
+    # (up to its request timeout), so both events below wait for the same select().
+    holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    holder.connect(str(script.parent / "sock"))
+    time.sleep(0.3)
+    os.kill(victim, signal.SIGKILL)  # SIGCHLD first...
+    time.sleep(0.3)
+    victim_shim.kill()  # ...then the shim's connection closes
+    victim_shim.wait(timeout=10)
+    time.sleep(0.3)
+    holder.close()
+    time.sleep(1.0)
+    assert server.poll() is None, server.stderr.read().decode()[-2000:]
+    assert process_alive(bystander) and bystander_shim.poll() is None
+    # And it still forks.
+    again = _start(shim, script, "4")
+    out, _ = again.communicate(timeout=60)
+    assert again.returncode == 4 and json.loads(out.splitlines()[0])["ppid"] == server.pid
+    bystander_shim.kill()
+    assert _wait_gone(bystander)
+
+
 # `python -m probe_module RESULT_FD`: what it saw, written to the descriptor it was given.
 PROBE_MODULE = """\
 import json, os, sys

@@ -135,24 +135,40 @@ def serve(socket_path: str, parent_pid: int, preload: tuple[str, ...]) -> Worker
         try:
             while os.getppid() == parent_pid:
                 for key, _ in selector.select(timeout=1.0):
-                    if key.fileobj is listener:
-                        request = _accept(listener, selector, children, me)
-                        if request is not None:  # in the child
-                            signal.set_wakeup_fd(-1)
-                            os.close(wake_r)
-                            os.close(wake_w)
-                            return request
-                    elif key.fileobj == wake_r:
-                        _drain(wake_r)
-                        _reap(selector, children)
-                    else:
-                        _from_shim(key.fileobj, selector, children)
+                    try:
+                        request = _handle(key.fileobj, listener, wake_r, selector, children, me)
+                    except Exception as exc:  # noqa: BLE001 - one bad event must not end the server
+                        if os.getpid() != me:  # a child that failed before it became its worker
+                            os._exit(1)
+                        # Its crash would take every worker it forked down with it (PDEATHSIG).
+                        print(f"packrat fork server: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                        continue
+                    if request is not None:  # in the child
+                        signal.set_wakeup_fd(-1)
+                        os.close(wake_r)
+                        os.close(wake_w)
+                        return request
         finally:
             if os.getpid() == me:
                 for pid in children.values():
                     _kill(pid, signal.SIGKILL)
                 os.unlink(socket_path)
     sys.exit(0)
+
+
+def _handle(source: object, listener: socket.socket, wake_r: int, selector: selectors.BaseSelector,
+            children: Children, me: int) -> WorkerRequest | None:
+    """One ready descriptor; returns a request only in a freshly forked child."""
+    if source is listener:
+        return _accept(listener, selector, children, me)
+    if source == wake_r:
+        _drain(wake_r)
+        _reap(selector, children)
+    elif source in children:
+        _from_shim(source, selector, children)
+    # else: a connection closed earlier in this same select() round (its child was reaped
+    # first: a worker killed, then TorchServe killing its shim, both seen at once)
+    return None
 
 
 def _preload(names: tuple[str, ...]) -> None:
