@@ -148,7 +148,7 @@ def test_efficiency_on_a_tiny_model_every_row_positive_and_ratios_are_quotients(
 def test_efficiency_peer_level_serves_the_same_archive_through_litserve_pinned(
         tiny_run: tuple[Path, str, list[dict[str, Any]]]) -> None:
     if missing := peer_missing():
-        pytest.skip(f"the peer level needs the bench-only `peer` extra: {missing}")
+        pytest.skip(f"the peer level needs litserve (make setup installs it with the test extra): {missing}")
     out, summary_md, rows = tiny_run
     ready = next(r for r in rows if r["kind"] == "peer_ready")
     assert ready["server"] == "litserve 0.2.19"

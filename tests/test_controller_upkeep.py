@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from packrat.api.requests import model_reading
-from packrat.api.server import HOUSEKEEPING_S, QuietServer
+from packrat.api.server import HOUSEKEEPING_S, QuietServer, api_config
 from packrat.apply.client import session_for
 from packrat.bench.adapt_rig import sleep_table, table_profile
 from packrat.control import Controller, ControllerSettings, division
@@ -149,18 +149,19 @@ def test_the_rest_server_wakes_once_a_second_and_still_stops_and_dates() -> None
     import time
     from email.utils import parsedate_to_datetime
 
-    import uvicorn
     from fastapi import FastAPI
 
     app = FastAPI()
     app.get("/x")(lambda: {"ok": True})
-    server = QuietServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    server = QuietServer(api_config(app, "127.0.0.1", 0))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.started
+    # The controller's parser is h11 even where httptools is installed (LitServe brings it).
+    assert server.config.http_protocol_class.__name__ == "H11Protocol"
     before, t0 = server.ticks, time.monotonic()
     time.sleep(3.0)
     woken, held = server.ticks - before, time.monotonic() - t0

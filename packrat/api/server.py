@@ -19,6 +19,17 @@ HOUSEKEEPING_S = 1.0  # how often the loop looks for a stop and refreshes the Da
 _ON_TICK_EVERY, _ON_TICK_WRAP = 10, 864000
 
 
+def api_config(app: object, host: str, port: int) -> uvicorn.Config:
+    """uvicorn's settings for the controller's API.
+
+    The event loop and HTTP parser are named, not left to uvicorn's "auto": that picks
+    uvloop and httptools whenever they are installed (the peer extra's LitServe brings
+    them), and the controller should not change underneath its tests with what else
+    shares the environment.
+    """
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", loop="asyncio", http="h11")
+
+
 class QuietServer(uvicorn.Server):
     """uvicorn.Server whose main loop calls on_tick once every HOUSEKEEPING_S."""
 

@@ -161,11 +161,10 @@ class Rig:
         import uvicorn
 
         from packrat.api import create_app
+        from packrat.api.server import api_config
 
         port = free_port()
-        config = uvicorn.Config(create_app(self.controller), host="127.0.0.1", port=port,
-                                log_level="warning")
-        self._uvicorn = uvicorn.Server(config)
+        self._uvicorn = uvicorn.Server(api_config(create_app(self.controller), "127.0.0.1", port))
         t = threading.Thread(target=self._uvicorn.run, daemon=True, name="rest")
         t.start()
         self._threads.append(t)

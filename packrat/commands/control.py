@@ -192,13 +192,10 @@ def _attach(controller: Controller) -> None:
 
 def _serve_api(controller: Controller, host: str, port: int, stop: threading.Event) -> None:
     """The REST API until `stop` is set (or uvicorn stops on a signal, which then sets it)."""
-    import uvicorn
-
     from packrat.api import create_app
-    from packrat.api.server import QuietServer
+    from packrat.api.server import QuietServer, api_config
 
-    config = uvicorn.Config(create_app(controller), host=host, port=port, log_level="warning")
-    server = QuietServer(config)  # uvicorn's housekeeping once a second, not ten times
+    server = QuietServer(api_config(create_app(controller), host, port))  # uvicorn's housekeeping once a second, not ten times
     typer.echo(f"packrat controller API on http://{host}:{port} (token: TorchServe management key)", err=True)
 
     def watch() -> None:
