@@ -43,9 +43,18 @@ def test_recent_sizes_are_what_was_served_lately() -> None:
     both = {"tokens": short["tokens"] + _hist(128, 300)}
     lately = recent.update("m", 1040.0, {7: both})["tokens"]
     assert both["tokens"].quantile(0.5) < 8 and lately.requests == 300 and lately.quantile(0.5) > 100
-    # a worker started since (a swap) counts from its start; one gone is dropped
+    # a worker started since (a swap) counts from its start; one gone since the base reading
+    # (1040 s) adds nothing more
     lately = recent.update("m", 1080.0, {9: {"tokens": _hist(6, 50)}})["tokens"]
     assert lately.requests == 50 and lately.quantile(0.5) < 8
+    # a swap in the window: worker 9 served 200 long texts and was retired, worker 11 took
+    # over with 20; what was served lately still holds worker 9's (make test-random SEED=4242:
+    # the live worker alone, 20, was too few to see the traffic had moved, so nothing followed it)
+    recent.update("m", 1090.0, {9: {"tokens": _hist(6, 50) + _hist(128, 200)}})
+    lately = recent.update("m", 1095.0, {11: {"tokens": _hist(128, 20)}})["tokens"]
+    assert lately.requests == 50 + 200 + 20 and lately.quantile(0.5) > 100
+    # once the window has passed its last reading, the retired worker is gone from it
+    assert recent.update("m", 1130.0, {11: {"tokens": _hist(128, 20)}})["tokens"].requests == 0
 
 
 def _profile(base: Path, mode: str, tokens: int, ms: float) -> Profile:

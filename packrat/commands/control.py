@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import signal
 import threading
 from collections.abc import Callable
@@ -127,6 +128,7 @@ def run_controller(*, management_url: str, metrics_url: str | None, key_file: Pa
     """Attach, clean up after a killed predecessor, then serve the REST API until stopped."""
     from packrat.control import Controller, ControllerSettings
 
+    _log_actions()
     controller_settings = ControllerSettings(
         management_url=management_url,
         metrics_url=metrics_url,
@@ -160,6 +162,28 @@ def run_controller(*, management_url: str, metrics_url: str | None, key_file: Pa
         _serve_api(controller, run.host, run.port, stop)
     finally:
         controller.release()
+
+
+# The loggers of what the controller does on its own (not packrat.adapt: the re-plan loop's
+# decisions, one a tick, have their own file, decisions.jsonl).
+ACTION_LOGGERS = ("packrat.controller", "packrat.autotune", "packrat.tune", "packrat.apply")
+
+
+def _log_actions() -> None:
+    """What the controller does on its own, on stderr at INFO: a tune or re-profile started,
+    a kept profile planned from, cores divided among models, a model moved to the shared
+    core. Without a handler only warnings reached the terminal, bare. Once per process."""
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ACTION_LOGGERS:
+        log = logging.getLogger(name)
+        if any(getattr(h, "packrat_actions", False) for h in log.handlers):
+            continue
+        handler = logging.StreamHandler()
+        handler.setFormatter(formatter)
+        handler.packrat_actions = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+        if log.level == logging.NOTSET or log.level > logging.INFO:
+            log.setLevel(logging.INFO)
 
 
 def _start_tuner(controller: Controller, loop: LoopOptions, stop: threading.Event) -> None:

@@ -73,7 +73,10 @@ class RecentSizes:
     update() is handed each reading ({worker pid: {kind: histogram}}) with its time and
     returns what was served since the newest earlier reading at least `window_s` old (a
     worker not in it counts from its start; until a reading is that old, everything since
-    the workers started). Pure: the caller reads the counters and the clock."""
+    the workers started). A worker read since then but gone now (a swap retired its
+    version) still counts what it had served by its last reading: the traffic did not
+    change because other processes serve it. Pure: the caller reads the counters and the
+    clock."""
 
     def __init__(self, window_s: float = RECENT_S) -> None:
         self.window_s = window_s
@@ -86,8 +89,11 @@ class RecentSizes:
         base = old[-1][1] if old else {}
         kept[:] = ([old[-1]] if old else []) + [r for r in kept if now - r[0] < self.window_s]
         kept.append((now, {pid: dict(sizes) for pid, sizes in reading.items()}))
+        latest: dict[int, dict[str, SizeHistogram]] = {}
+        for _, workers in kept[1 if old else 0:]:  # the readings since base, oldest first
+            latest.update(workers)
         out: dict[str, SizeHistogram] = {}
-        for pid, sizes in reading.items():
+        for pid, sizes in latest.items():
             for kind, hist in sizes.items():
                 before = base.get(pid, {}).get(kind)
                 since = hist - before if before is not None else hist
