@@ -47,6 +47,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="each raw and handler point")
     parser.add_argument("--served-s", type=float, default=20.0, help="each served (and peer) window")
     parser.add_argument("--warm-s", type=float, default=60.0, help="served (and peer) load before the first round")
+    parser.add_argument("--warm-max-s", type=float, default=240.0,
+                        help="served load goes on after --warm-s until the JVM's JIT compilers are quiet, at most this")
     parser.add_argument("--rewarm-s", type=float, default=3.0, help="served (and peer) load before each window")
     parser.add_argument("--client", choices=CLIENTS, default="lean",
                         help="the served and peer levels' closed loop (default lean: the least client CPU)")
@@ -61,7 +63,8 @@ def main() -> int:
         return 0
     settings = EfficiencySettings(
         model=args.model, out=args.out, mode=args.mode, plan=args.plan, clients=args.clients, rounds=args.rounds,
-        seconds=args.seconds, served_s=args.served_s, warm_s=args.warm_s, rewarm_s=args.rewarm_s,
+        seconds=args.seconds, served_s=args.served_s, warm_s=args.warm_s, warm_max_s=args.warm_max_s,
+        rewarm_s=args.rewarm_s,
         max_length=args.max_length, controller_pid=args.controller_pid, peer=not args.no_peer,
         client=args.client, command=" ".join(sys.argv))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run_efficiency's finally stops its servers

@@ -93,7 +93,8 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, list[
     its directory, summary.md and the rows of results.jsonl."""
     out = tmp_path_factory.mktemp("efficiency")
     s = EfficiencySettings(model="tiny-bert", out=out, mode="fp32-eager", plan=f"{WORKERS}x(t1,b2)", rounds=2,
-                           seconds=0.6, served_s=1.5, warm_s=2.0, rewarm_s=0.5, max_length=8, command="test")
+                           seconds=0.6, served_s=1.5, warm_s=2.0, warm_max_s=6.0, rewarm_s=0.5, max_length=8,
+                           command="test")
     summary_md = run_efficiency(s).read_text()
     return out, summary_md, last_run(out / "results.jsonl")
 
@@ -105,7 +106,14 @@ def test_efficiency_on_a_tiny_model_every_row_positive_and_ratios_are_quotients(
     _, summary_md, rows = tiny_run
     peer = [] if peer_missing() else ["peer"]
     kinds = [r["kind"] for r in rows]
-    assert kinds[:2] == ["run", "swap"] and kinds[-1] == "summary"
+    assert kinds[:3] == ["run", "swap", "warm"] and kinds[-1] == "summary"
+    # The warm-up followed the JVM's JIT compilers: it found their threads (C1 compiles from the
+    # start), went on past warm_s in chunks until one was quiet or warm_max_s, and says which.
+    warm = rows[2]
+    assert warm["jit_cpu_ms_since_start"] > 0
+    assert 2.0 <= warm["warm_s"] <= 6.0 + 10.0 and all(c >= 0 for c in warm["jit_cores_by_chunk"])
+    assert warm["jit_quiet"] == (bool(warm["jit_cores_by_chunk"]) and warm["jit_cores_by_chunk"][-1] < 0.01)
+    assert f"Served warm-up: {warm['warm_s']:g} s of load" in summary_md
     rounds = [r for r in rows if "round" in r]
     assert [r["kind"] for r in rounds] == ["raw", "handler", "served", *peer] * 2  # interleaved, round by round
     assert [r["round"] for r in rows if r["kind"] == "served"] == [1, 2]
@@ -124,6 +132,8 @@ def test_efficiency_on_a_tiny_model_every_row_positive_and_ratios_are_quotients(
         assert len(labels) == workers
         for label in [*labels, "frontend JVM", "client (the load generator, this process)"]:
             assert cpu[label]["cpu_ms"] > 0 and cpu[label]["ms_per_request"] > 0, (label, cpu)
+        # the JIT's share is read from the JVM's own threads: a part of the JVM's figure (ticks)
+        assert 0 <= r["jvm_jit_ms_per_request"] <= cpu["frontend JVM"]["ms_per_request"] + 1e-3
         assert r["cpu_ms_per_item"] == pytest.approx(
             sum(v["cpu_ms"] for v in cpu.values() if v["cpu_ms"] is not None) / r["requests"], abs=1e-3)
 

@@ -60,6 +60,8 @@ class EfficiencySettings:
     seconds: float = 10.0  # each raw and each handler point, warm-up included
     served_s: float = 20.0  # each served window
     warm_s: float = 60.0  # served load before the first round (TorchServe's JVM compiles its path)
+    # ...and on, in JIT_CHUNK_S chunks, until the JVM's JIT compilers are quiet (Served.warm), at most this
+    warm_max_s: float = 240.0
     rewarm_s: float = 3.0  # served load, not measured, before every round's window
     max_length: int | None = None  # text models: the payload's tokens (None: the archive's)
     controller_pid: int | None = None  # a running controller whose CPU to read too
@@ -152,6 +154,13 @@ def level_row(points: list[dict[str, Any]], blocks: list[list[int]]) -> dict[str
 
 # -- served: TorchServe with the plan live -------------------------------------------------
 
+# TorchServe's JVM compiles its request path with C2 for a minute or more of load (BERT-base
+# short texts on the 2-core EPYC: its compiler threads used 0.05-0.07 of a core for the first
+# ~75 s, the JVM as a whole 0.08-0.12 then 0.025-0.04 after). A server that has been up a while
+# has done that once; the served windows measure it after, as the steady state it is.
+JIT_CHUNK_S = 10.0
+JIT_QUIET_CORES = 0.01  # the compilers' share of a core over a chunk below which the path counts as compiled
+
 
 class Served:
     """A TorchServe of our own with `plan` live for the archive, and its processes by name."""
@@ -184,6 +193,34 @@ class Served:
     def load(self, seconds: float):
         return window_closed_loop(self.target(), self.clients, seconds, self.s.client)
 
+    def jvm_pid(self) -> int | None:
+        from packrat.bench.proc_cpu import comm, group_members
+
+        return next((pid for pid in group_members(self.server.pid) if comm(pid) == "java"), None)
+
+    def warm(self) -> dict[str, Any]:
+        """Load for warm_s, then on in JIT_CHUNK_S chunks until the JVM's JIT compilers used
+        less than JIT_QUIET_CORES of a core over one (or warm_max_s in all): what was done."""
+        from packrat.bench.proc_cpu import jit_cpu_ticks, tick_ms
+
+        jvm, started = self.jvm_pid(), time.monotonic()
+        self.load(self.s.warm_s)
+        chunks: list[float] = []
+        while jvm is not None and time.monotonic() - started < self.s.warm_max_s:
+            before, t0 = jit_cpu_ticks(jvm), time.monotonic()
+            self.load(min(JIT_CHUNK_S, max(1.0, self.s.warm_max_s - (t0 - started))))
+            after, dt = jit_cpu_ticks(jvm), time.monotonic() - t0
+            if before is None or after is None:
+                break
+            chunks.append(round(max(0, after - before) * tick_ms() / 1000.0 / dt, 4))
+            if chunks[-1] < JIT_QUIET_CORES:
+                break
+        total = jit_cpu_ticks(jvm) if jvm is not None else None
+        return {"warm_s": round(time.monotonic() - started, 1), "jit_cores_by_chunk": chunks,
+                "jit_quiet": bool(chunks) and chunks[-1] < JIT_QUIET_CORES, "jit_quiet_cores": JIT_QUIET_CORES,
+                # what the compiler threads alive now used since the JVM started (a lower bound)
+                "jit_cpu_ms_since_start": None if total is None else round(total * tick_ms(), 1)}
+
     @property
     def clients(self) -> int:
         return self.s.clients or sum(cap for _, cap in parse_plan(self.s.plan))
@@ -213,11 +250,18 @@ class Served:
         """One served window: C clients for served_s, every process's CPU over it."""
         from packrat.bench.run import server_side
 
+        from packrat.bench.proc_cpu import jit_cpu_ticks, tick_ms
+
         self.load(self.s.rewarm_s)
         obs0 = self.ctl.observe(self.model)  # scrapes outside the CPU window
+        jvm = self.jvm_pid()
+        jit0 = jit_cpu_ticks(jvm) if jvm else None
         row = measure_window(self.load, self.processes(), self.s.served_s, self.clients)
+        jit1 = jit_cpu_ticks(jvm) if jvm else None
         obs1 = self.ctl.observe(self.model)
-        return {**row, "server": server_side(obs0, obs1)}
+        # The JVM's JIT compilers within the JVM's own figure (a lower bound: proc_cpu.jit_cpu_ticks).
+        jit = None if jit0 is None or jit1 is None else round(max(0, jit1 - jit0) * tick_ms() / max(1, row["requests"]), 4)
+        return {**row, "server": server_side(obs0, obs1), "jvm_jit_ms_per_request": jit}
 
     def stop(self) -> None:
         self.server.stop()
@@ -333,7 +377,7 @@ def run_efficiency(s: EfficiencySettings) -> Path:
     try:
         log.append("swap", {"to_version": served.swap.to_version, "seconds": served.swap.duration_s,
                             "torchserve_pgid": served.server.pid})
-        served.load(s.warm_s)
+        log.append("warm", served.warm())
         if not skip_peer:
             peer = start_peer(s, archive_dir, config, shape, blocks, (body, ctype), served.clients, log)
         for r in range(1, s.rounds + 1):

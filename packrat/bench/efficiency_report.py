@@ -77,6 +77,7 @@ def render(rows: list[dict[str, Any]]) -> str:
         "",
         f"Command: `{run['command']}`. Client (served and peer levels): {client}.",
         "",
+        *_warm_lines(rows),
         f"{lv['served']['rounds']} rounds, interleaved ({', '.join(k for k in LEVELS if lv[k]['rounds'])} in each). "
         "Figures: medians over the rounds. Raw and handler p50/p99 are per batch call of the plan's cap (the "
         "slowest worker's); served and peer p50/p99 per request.",
@@ -98,6 +99,24 @@ def render(rows: list[dict[str, Any]]) -> str:
     lines += ["", "Ratios (of throughput): " + "; ".join(f"**{k} = {_f(v, 3)}**" for k, v in summ["ratios"].items()),
               "", *_rounds(rows), "", *_cpu_table(summ, lv)]
     return "\n".join(lines) + "\n"
+
+
+def _warm_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """How long the served level was loaded before its first window, and the JVM's JIT then
+    and in the windows; nothing for runs from before the warm-up followed the JIT."""
+    warm = next((r for r in rows if r["kind"] == "warm"), None)
+    if warm is None:
+        return []
+    s = next(r for r in rows if r["kind"] == "run")["settings"]
+    chunks = ", ".join(f"{c:g}" for c in warm["jit_cores_by_chunk"]) or "none measured"
+    state = (f"quiet (below {warm['jit_quiet_cores']:g})" if warm["jit_quiet"]
+             else f"**not quiet: the windows include JIT compiling** (not below {warm['jit_quiet_cores']:g})")
+    jit = _median([r.get("jvm_jit_ms_per_request") for r in rows if r["kind"] == "served"])
+    return [f"Served warm-up: {warm['warm_s']:g} s of load before the first round ({s.get('warm_s'):g} s, then "
+            f"on in 10 s chunks until the frontend JVM's JIT compilers, its C1 and C2 threads, use less than "
+            f"{warm['jit_quiet_cores']:g} of a core over one, at most {s.get('warm_max_s'):g} s). Their share of a "
+            f"core in each chunk: {chunks}; {state}. In the served windows they used {_f(jit, 3)} ms of CPU a "
+            "request (within the frontend JVM's figure below).", ""]
 
 
 def _peer_what(rows: list[dict[str, Any]], clients: int | None) -> str:

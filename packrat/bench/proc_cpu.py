@@ -49,6 +49,31 @@ def all_cpu_ticks() -> dict[int, int]:
     return {pid: t for pid in pids() if (t := proc_cpu_ticks(pid)) is not None}
 
 
+# HotSpot names its JIT compiler threads so (the kernel keeps 15 characters of a name).
+JIT_THREAD_PREFIXES = ("C1 CompilerThre", "C2 CompilerThre")
+
+
+def jit_cpu_ticks(pid: int) -> int | None:
+    """utime + stime of the JVM `pid`'s JIT compiler threads alive now (None: no such process).
+    HotSpot starts and stops extra compiler threads as its queue needs; the ticks of one that
+    exited are no longer counted, so a window's difference is a lower bound."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        if name.startswith(JIT_THREAD_PREFIXES):
+            rest = stat.rsplit(")", 1)[1].split()
+            total += int(rest[11]) + int(rest[12])
+    return total
+
+
 def group_members(pgid: int) -> list[int]:
     """Live processes of process group `pgid` (a TorchServe started by packrat.server leads one)."""
     out = []
