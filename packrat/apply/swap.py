@@ -126,12 +126,21 @@ def proc_thread_affinities(pid: int) -> set[tuple[int, ...]]:
     return out
 
 
-def proc_cpu_ticks(pid: int) -> int | None:
+def stat_cpu_ticks(stat_path: str) -> tuple[str, int] | None:
+    """(name, utime + stime ticks) from a /proc stat file, of a process or of one of its
+    threads (/proc/<pid>/task/<tid>/stat); None: gone."""
     try:
-        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        stat = Path(stat_path).read_text()
     except OSError:
         return None
-    return int(rest[11]) + int(rest[12])  # utime + stime
+    rest = stat.rsplit(")", 1)[1].split()
+    return stat[stat.index("(") + 1:stat.rindex(")")], int(rest[11]) + int(rest[12])
+
+
+def proc_cpu_ticks(pid: int) -> int | None:
+    """utime + stime of process `pid`, all its threads; None: gone."""
+    read = stat_cpu_ticks(f"/proc/{pid}/stat")
+    return read[1] if read else None
 
 
 def _socket_inodes(pid: int) -> set[int] | None:

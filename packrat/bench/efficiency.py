@@ -160,6 +160,7 @@ def level_row(points: list[dict[str, Any]], blocks: list[list[int]]) -> dict[str
 # has done that once; the served windows measure it after, as the steady state it is.
 JIT_CHUNK_S = 10.0
 JIT_QUIET_CORES = 0.01  # the compilers' share of a core over a chunk below which the path counts as compiled
+JVM_LABEL = "frontend JVM"  # processes()'s label for TorchServe's JVM, which measure() finds its JIT by
 
 
 class Served:
@@ -237,7 +238,7 @@ class Served:
             labels[pid] = f"worker {k} (cores {','.join(map(str, cores)) or '?'})"
         for pid in group_members(self.server.pid):
             if pid not in labels:
-                label = "frontend JVM" if comm(pid) == "java" else f"other in TorchServe's group: {command_name(pid)}"
+                label = JVM_LABEL if comm(pid) == "java" else f"other in TorchServe's group: {command_name(pid)}"
                 while label in labels.values():
                     label += "'"
                 labels[pid] = label
@@ -254,9 +255,10 @@ class Served:
 
         self.load(self.s.rewarm_s)
         obs0 = self.ctl.observe(self.model)  # scrapes outside the CPU window
-        jvm = self.jvm_pid()
+        labels = self.processes()
+        jvm = next((pid for pid, label in labels.items() if label == JVM_LABEL), None)
         jit0 = jit_cpu_ticks(jvm) if jvm else None
-        row = measure_window(self.load, self.processes(), self.s.served_s, self.clients)
+        row = measure_window(self.load, labels, self.s.served_s, self.clients)
         jit1 = jit_cpu_ticks(jvm) if jvm else None
         obs1 = self.ctl.observe(self.model)
         # The JVM's JIT compilers within the JVM's own figure (a lower bound: proc_cpu.jit_cpu_ticks).

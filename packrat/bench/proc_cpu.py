@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from packrat.apply.swap import proc_cpu_ticks
+from packrat.apply.swap import proc_cpu_ticks, stat_cpu_ticks
 
 
 def tick_ms() -> float:
@@ -63,14 +63,9 @@ def jit_cpu_ticks(pid: int) -> int | None:
         return None
     total = 0
     for tid in tids:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue  # exited meanwhile
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        if name.startswith(JIT_THREAD_PREFIXES):
-            rest = stat.rsplit(")", 1)[1].split()
-            total += int(rest[11]) + int(rest[12])
+        read = stat_cpu_ticks(f"/proc/{pid}/task/{tid}/stat")  # None: exited meanwhile
+        if read and read[0].startswith(JIT_THREAD_PREFIXES):
+            total += read[1]
     return total
 
 
