@@ -170,3 +170,26 @@ def test_the_reprofiler_sees_a_shift_the_workers_histograms_hide(controller: Con
     assert profile_sizes(st, 1)[0][1] < 8  # since the workers started: still short
     found = r.shift(st)
     assert found is not None and found.now["tokens"] > 100
+
+
+def test_each_batch_is_timed_at_the_longest_of_its_requests() -> None:
+    """A batch of b texts is padded to its longest: a profile of traffic times batch b at the
+    quantile 0.5 ** (1 / b) of the sizes (packrat.profile.shape.sizes_by_batch), so a plan
+    of batch 4 is not predicted at the median text (traffic-shape-bert-base-epyc-5: timed at
+    5 tokens, served batches of 3-6-token texts padded to 6)."""
+    from packrat.profile.shape import representative_sizes, sizes_by_batch
+
+    texts = {"tokens": _hist(4, 100) + _hist(6, 100) + _hist(12, 100)}
+    label = representative_sizes(texts, 1)
+    assert label == (("tokens", 6),)  # the median
+    by_batch = dict(sizes_by_batch(texts, [1, 2, 4, 8], label))
+    assert 1 not in by_batch  # the label's own sizes: not repeated
+    tokens = [dict(by_batch[b])["tokens"] for b in (2, 4, 8)]
+    assert tokens == sorted(tokens) and tokens[0] > 6 and size_bucket(tokens[-1]) == size_bucket(12)
+    # labelled at batch 8 instead (the live plan's load batch): batch 1 is the one timed apart
+    top = representative_sizes(texts, 8)
+    assert dict(sizes_by_batch(texts, [1, 2, 4, 8], top))[1] == label
+    # an image is decoded on its own: its median at every batch, nothing timed apart
+    images = {"pixels": _hist(224 * 224, 50) + _hist(640 * 480, 60)}
+    assert sizes_by_batch(images, [1, 2, 4, 8], representative_sizes(images, 1)) == ()
+    assert sizes_by_batch({"tokens": _hist(6, 5)}, [1, 2], ()) == ()  # too few requests: the sample

@@ -142,18 +142,25 @@ def test_a_controller_reports_what_a_real_worker_served(torchserve, tiny_store: 
 
 def _a_profile_through_rest_times_the_traffics_sizes(server, ctl, st: ModelState) -> None:
     """POST /profile after traffic: the profile is made at the traffic's representative
-    size (the live version has no plan: B = 1, the median), and says so."""
+    size (the live version has no plan: B = 1, the median), and says so; a batch of 2 is
+    timed at the longer of two texts (packrat.profile.shape.sizes_by_batch)."""
     import time
 
-    from packrat.profile.shape import representative_sizes
+    from packrat.profile.shape import representative_sizes, sizes_by_batch
     from serving_support import predict
 
     for _ in range(20):  # a distribution: at least MIN_REQUESTS requests
         assert predict(server, "minilm", b"a text of some tokens for the profile").status_code == 200
-    expected = representative_sizes(served_sizes(st), 1)
-    assert expected and expected[0][0] == "tokens"
+    long_text = " ".join(["the longer texts of this traffic pad every batch they are in"] * 3).encode()
+    for _ in range(200):  # until a batch of two is timed at other sizes than one text (the median)
+        expected = representative_sizes(served_sizes(st), 1)
+        by_batch = sizes_by_batch(served_sizes(st), [1, 2], expected)
+        if by_batch:
+            break
+        assert predict(server, "minilm", long_text).status_code == 200
+    assert expected and expected[0][0] == "tokens" and [b for b, _ in by_batch] == [2], by_batch
     job = requests.post(f"{ctl.url}/v1/models/minilm/profile", headers=ctl.headers(), timeout=60,
-                        json={"max_batch": 1, "budget_s": 60, "cores": 1})
+                        json={"max_batch": 2, "budget_s": 60, "cores": 1})
     assert job.status_code == 202, job.text
     deadline = time.monotonic() + 300  # a hang guard: the profile's own budget is 60 s
     while (state := ctl.get(f"/v1/jobs/{job.json()['id']}").json())["state"] in ("queued", "running"):
@@ -161,8 +168,10 @@ def _a_profile_through_rest_times_the_traffics_sizes(server, ctl, st: ModelState
         time.sleep(1.0)
     assert state["state"] == "done", state
     profile = json.loads(Path(state["result"]["profile_path"]).read_text())
-    assert [tuple(pair) for pair in profile["settings"]["sizes"]] == list(expected)
-    assert [p["meta"]["sizes"] for p in profile["points"]] == [dict(expected)]
+    assert [tuple(pair) for pair in profile["settings"]["sizes"]] == list(expected)  # the label
+    assert profile["settings"]["sizes_by_batch"] == [[2, [list(pair) for pair in by_batch[0][1]]]]
+    assert [(p["batch"], p["meta"]["sizes"]) for p in profile["points"]] == [(1, dict(expected)),
+                                                                            (2, dict(by_batch[0][1]))]
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's functions")

@@ -15,7 +15,7 @@ from packrat.apply import versions
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of
 from packrat.control.modecheck import mode_refusal
-from packrat.control.traffic import plan_batch, profile_sizes
+from packrat.control.traffic import plan_batch, profile_sizes, profile_sizes_by_batch
 from packrat.control.values import ModelState
 from packrat.errors import ConfigError, PackratError, ProfileError
 from packrat.jobs import Job, Jobs, Turns
@@ -131,16 +131,22 @@ class Planner:
 
     def start_profile(self, st: ModelState, *, max_batch: int, budget_s: float | None,
                       cores: int | None = None, sizes: tuple[tuple[str, int], ...] | None = None,
+                      sizes_by_batch: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] | None = None,
                       then: Callable[[Profile], dict[str, Any]] | None = None) -> Job:
         """Re-profile the model in its live mode in the background; the job says when it is done.
 
         The profile goes where tuning and the re-plan loop read it:
         <state dir>/profiles/<model>/<mode>.json (packrat.profile.library). `then`: called
         with the saved profile in the job (e.g. to re-plan); what it returns joins the result.
-        `sizes`: the request sizes to time (None: the traffic's since the workers started)."""
+        `sizes`: the request sizes to time, the profile's label (None: the traffic's since the
+        workers started, at the live plan's load batch); `sizes_by_batch`: the batches timed at
+        other sizes (None: the traffic's since the workers started, a batch padded to its
+        longest request; packrat.profile.shape.sizes_by_batch)."""
         _, base_dir = base_of(self.swapper, self.model_store, st)
+        label = profile_sizes(st, plan_batch(st)) if sizes is None else sizes
+        by_batch = profile_sizes_by_batch(st, label, max_batch) if sizes_by_batch is None else sizes_by_batch
         settings = ProfileSettings(cores=cores or len(self.cores), max_batch=max_batch, budget_s=budget_s,
-                                   sizes=profile_sizes(st, plan_batch(st)) if sizes is None else sizes)
+                                   sizes=label, sizes_by_batch=by_batch)
         settings.validate(len(self.cores))
         archive = open_archive(base_dir)
         if st.mode is not None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from packrat import slots
 from packrat.control.values import ModelState
-from packrat.profile.shape import RECENT_S, RecentSizes, representative_sizes, shifted
+from packrat.profile.shape import RECENT_S, RecentSizes, representative_sizes, shifted, sizes_by_batch
 from packrat.types import TuneRecord
 from packrat.worker_counters import SIZE_KINDS, SizeHistogram
 
@@ -76,6 +76,14 @@ def profile_sizes(st: ModelState, batch: int) -> tuple[tuple[str, int], ...]:
     (packrat.profile.shape.representative_sizes); (): the task's own sample, until traffic exists."""
     sizes = served_sizes(st)
     return representative_sizes(sizes, batch) if sizes else ()
+
+
+def profile_sizes_by_batch(st: ModelState, label: Iterable[tuple[str, int]],
+                           max_batch: int) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...]:
+    """The batches 1..max_batch to time at other sizes than `label`, the traffic's for each
+    (packrat.profile.shape.sizes_by_batch); (): no traffic yet."""
+    sizes = served_sizes(st)
+    return sizes_by_batch(sizes, range(1, max_batch + 1), label) if sizes else ()
 
 
 def _moved(before: Mapping[str, int], st: ModelState, batch: int) -> str | None:

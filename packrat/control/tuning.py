@@ -42,15 +42,16 @@ from packrat import tune
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of
 from packrat.control.swaps import Swaps
-from packrat.control.traffic import plan_batch, profile_sizes, why_retune, worker_sizes
+from packrat.control.traffic import plan_batch, profile_sizes, profile_sizes_by_batch, why_retune, worker_sizes
 from packrat.control.values import ModelState
 from packrat.errors import BusyError, ConfigError, PackratError
 from packrat.jobs import Job, Jobs, Turns
 from packrat.plan import same_shape
 from packrat.profile import library
 from packrat.profile.library import Checked
-from packrat.profile.shape import RECENT_S, RecentSizes, representative_sizes, shifted, timed_sizes
+from packrat.profile.shape import RECENT_S, RecentSizes, representative_sizes, shifted, sizes_by_batch, timed_sizes
 from packrat.types import Plan, Policy, Profile, TuneRecord
+from packrat.worker_counters import SizeHistogram
 
 if TYPE_CHECKING:  # the coordinator; it imports this module
     from packrat.control import Controller
@@ -132,7 +133,9 @@ class Tuning:
             modes=tune.requested_modes(o.modes), budget_s=o.budget_s or tune.DEFAULT_BUDGET_S, fresh=o.fresh,
             max_batch=o.max_batch, point_budget_s=o.point_budget_s or tune.DEFAULT_POINT_BUDGET_S)
         settings.validate(len(self.cores))
-        settings = replace(settings, sizes=profile_sizes(st, settings.batch))  # the traffic's, else ()
+        label = profile_sizes(st, settings.batch)  # the traffic's, else ()
+        settings = replace(settings, sizes=label,
+                           sizes_by_batch=profile_sizes_by_batch(st, label, settings.profile_max_batch))
         previous = tune.load_record(self.state_dir, model)
         job_ref: dict[str, Job] = {}
 
@@ -271,6 +274,7 @@ class Shift:
     profile: Profile  # the profile planned from until now
     why: str
     now: dict[str, int]  # the traffic's representative sizes lately (packrat.profile.shape.RecentSizes)
+    lately: dict[str, SizeHistogram]  # what it sent lately, whose quantiles a re-profile times each batch at
     kept: Checked | None  # a kept profile of this archive, mode and machine covering `now`, if any
 
 
@@ -311,16 +315,17 @@ class Reprofiler:
         self.started: list[tuple[str, str]] = []  # (model, why), for logs and tests
         self.reused: list[tuple[str, str, str]] = []  # (model, why, kept profile file), for logs and tests
 
-    def traffic(self, st: ModelState) -> dict[str, int]:
-        """The sizes to plan the traffic of lately at the live plan's B ({}: too few requests)."""
+    def traffic(self, st: ModelState) -> tuple[dict[str, int], dict[str, SizeHistogram]]:
+        """The sizes to plan the traffic of lately at the live plan's B ({}: too few requests),
+        and the histograms of lately they were read from."""
         recent = self.recent.update(st.model, self.clock(), worker_sizes(st))
-        return dict(representative_sizes(recent, plan_batch(st)))
+        return dict(representative_sizes(recent, plan_batch(st))), recent
 
     def shift(self, st: ModelState) -> Shift | None:
         """What the traffic moved from and to, and a kept profile covering it; None when
         nothing is to be done now (class doc)."""
         c = self.controller
-        now = self.traffic(st)  # read at every check, so "lately" stays ~window_s after a skip too
+        now, lately = self.traffic(st)  # read at every check, so "lately" stays ~window_s after a skip too
         if c.tuning.key(st) is None or c.pins.pinned(st.model) or st.mode is None:
             return None
         if c.jobs.unfinished("profile", st.model) is not None or c.jobs.unfinished("tune", st.model) is not None:
@@ -339,7 +344,7 @@ class Reprofiler:
         if kept is None and last is not None and (not shifted(last[1], now)
                                                   or self.clock() - last[0] < self.min_gap_s):
             return None  # tried this shape already, or re-profiled a moment ago
-        return Shift(profile, _why_moved(made_at, now, moved), now, kept)
+        return Shift(profile, _why_moved(made_at, now, moved), now, lately, kept)
 
     def why(self, st: ModelState) -> tuple[Profile, str] | None:
         """(the profile planned from now, why it must be measured again), or None: also when
@@ -361,8 +366,11 @@ class Reprofiler:
                     self.reuse(model, found)
                     out.append(model)
                     continue
-                c.planner.start_profile(st, **_remeasure(found.profile, len(c.planner.cores)),
-                                        sizes=tuple(sorted(found.now.items())),
+                again = _remeasure(found.profile, len(c.planner.cores))
+                label = tuple(sorted(found.now.items()))
+                c.planner.start_profile(st, **again, sizes=label,
+                                        sizes_by_batch=sizes_by_batch(found.lately, range(1, again["max_batch"] + 1),
+                                                                      label),
                                         then=lambda prof, model=model: self.replan(model))
             except BusyError:
                 continue  # another profile runs: the next check

@@ -88,6 +88,10 @@ class ProfileSettings:
     # settings keep the sizes timed instead (_Run.timed_sizes: these, and the sample's own
     # for every other kind): the input shape its figures are for.
     sizes: tuple[tuple[str, int], ...] = ()
+    # Batch sizes timed at other sizes than `sizes` ((batch, sizes) pairs: a batch of b of the
+    # traffic is padded to the largest of b requests, packrat.profile.shape.sizes_by_batch);
+    # `sizes` stays the profile's label, the shape it is for.
+    sizes_by_batch: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
 
     def validate(self, usable: int) -> None:
         if self.cores < 1:
@@ -304,9 +308,12 @@ class _Run:
         asked for, and the task's own sample's as a served worker counts them), the profile's
         settings' "sizes"; those asked for until a point is timed. (): not known (the sample
         of an archive whose task cannot count it; packrat.profile.shape.timed_sizes)."""
-        if not self.points:
+        # A batch timed at its own sizes (sizes_by_batch) does not say the label's.
+        other = {b for b, _ in self.settings.sizes_by_batch}
+        labelled = [p for p in self.points if p.batch not in other]
+        if not labelled:
             return tuple(self.settings.sizes)
-        return tuple(sorted((self.points[0].meta.get("sizes") or {}).items()))
+        return tuple(sorted((labelled[0].meta.get("sizes") or {}).items()))
 
     def _landed(self, bar: _Progress) -> None:
         bar.step()
@@ -332,7 +339,8 @@ class _Run:
         """A t-thread worker's job, less its cores and budget (an isolated or a co-run one)."""
         return {"archive_dir": str(self.archive.directory), "config": self.archive.config, "threads": t,
                 "batches": worker_batches(self.batches, self.settings.plan_batch, t, self.settings.cores),
-                "scope": self.settings.scope, "rule": self.rule, "sizes": dict(self.settings.sizes)}
+                "scope": self.settings.scope, "rule": self.rule, "sizes": dict(self.settings.sizes),
+                "sizes_by_batch": [[b, dict(sizes)] for b, sizes in self.settings.sizes_by_batch]}
 
     def _worker_event(self, t: int, event: dict[str, Any], bar: _Progress) -> None:
         if self.on_event is not None:

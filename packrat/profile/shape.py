@@ -9,7 +9,10 @@ compared with the traffic like any other. The workers' size histograms
 traffic really sends since they started; RecentSizes, what it sent lately. A batch is padded to its longest text and generates until its
 longest answer ends, so what a batch of B costs follows the largest of B sizes: its
 median is the quantile 0.5 ** (1 / B) of the sizes (B = 1: the median). An image is
-decoded on its own, so its median stands for pixels at any B.
+decoded on its own, so its median stands for pixels at any B. A profile of traffic times
+each batch size b at the sizes for b (sizes_by_batch): its one label (ProfileSettings.sizes,
+the sizes for its plan's load batch) names the shape, and its figure for b is what a
+padded batch of b of that traffic costs.
 
 Until a kind has min_requests, it is left out and the profile uses the task's sample.
 A distribution whose representative size moved by more than a factor `threshold`
@@ -19,7 +22,7 @@ describes the traffic.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from packrat.types import Profile, profile_sizes
 from packrat.worker_counters import SizeHistogram
@@ -40,6 +43,23 @@ def representative_sizes(histograms: Mapping[str, SizeHistogram], batch: int = 1
         size = hist.quantile(q)
         if size is not None:
             out.append((kind, max(1, round(size))))
+    return tuple(out)
+
+
+def sizes_by_batch(histograms: Mapping[str, SizeHistogram], batches: Iterable[int],
+                   label: Iterable[tuple[str, int]] = (),
+                   min_requests: int = MIN_REQUESTS) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...]:
+    """(batch, sizes) for each of `batches` whose representative sizes differ from `label`
+    (the sizes a profile is labelled with: those of its plan's load batch): a profile times
+    batch b at the largest of b requests' sizes, as a served batch of b is padded, so every
+    batch's figure is for what a batch of that size costs (ProfileSettings.sizes_by_batch).
+    (): no kind has traffic, or every batch's sizes are the label's."""
+    label = tuple(sorted(label))
+    out = []
+    for b in sorted(set(batches)):
+        here = representative_sizes(histograms, b, min_requests)
+        if here and here != label:
+            out.append((b, here))
     return tuple(out)
 
 

@@ -69,6 +69,8 @@ def run_job(job: dict[str, Any], report: _Reporter) -> None:
         deadline = started + float(job["budget_s"]) - max(0.0, time.monotonic() - issued)
     task = _load_task(job, report, issued, torch_version)
 
+    # A batch of the traffic is padded to its largest request: each batch at its own sizes.
+    by_batch = {int(b): sizes for b, sizes in job.get("sizes_by_batch") or ()}
     last: tuple[int, float] | None = None  # (batch, mean_ms) of the previous point
     for batch in job["batches"]:
         now = time.perf_counter()
@@ -81,7 +83,8 @@ def run_job(job: dict[str, Any], report: _Reporter) -> None:
                        reason=f"total budget exhausted (needs ~{need_s:.1f} s, {max(0.0, deadline - now):.1f} s left)")
                 continue
         report("start", batch=batch)
-        point = _time_batch(task, batch, job["scope"], rule, deadline, threads, job.get("sizes"))
+        point = _time_batch(task, batch, job["scope"], rule, deadline, threads,
+                            by_batch.get(batch, job.get("sizes")))
         if point is None:
             report("omitted", threads=threads, batch=batch, reason="total budget exhausted during warm-up")
             continue

@@ -81,6 +81,9 @@ class TuneSettings:
     # task's sample. A saved profile timed at sizes these moved away from (or at sizes it did
     # not record) is measured again; the record keeps the sizes the choice was timed at.
     sizes: tuple[tuple[str, int], ...] = ()
+    # The batches profiled at other sizes than `sizes`, the traffic's for each
+    # (packrat.profile.runner.ProfileSettings.sizes_by_batch); (): every batch at `sizes`.
+    sizes_by_batch: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
 
     @property
     def profile_max_batch(self) -> int:
@@ -423,7 +426,7 @@ def _turn(run: _Run, mode: str, label: str, share: float, first_turn: bool) -> t
         cores=settings.cores, max_batch=settings.profile_max_batch, budget_s=share,
         point_budget_s=settings.point_budget_s,
         batches=tune_batches(settings.batch, settings.cores, settings.profile_max_batch),
-        plan_batch=settings.batch, sizes=settings.sizes)
+        plan_batch=settings.batch, sizes=settings.sizes, sizes_by_batch=settings.sizes_by_batch)
     try:
         prof = run_profile(archive_in_mode(run.archive, mode), psettings, progress=False,
                            on_update=progress.on_update, on_event=progress.on_event,
