@@ -21,7 +21,7 @@ from pathlib import Path
 
 from packrat.bench.paths import RESULTS
 from packrat.bench.results import read_records
-from packrat.bench.traffic_shape import SETTLE_TIMEOUT_S, Options, built_archive, render, run
+from packrat.bench.traffic_shape import SETTLE_TIMEOUT_S, Options, built_archive, plot, render, run
 
 
 def main() -> None:
@@ -51,10 +51,12 @@ def main() -> None:
                    command="python " + " ".join(shlex.quote(a) for a in sys.argv))
     started = time.time()
     rows = run(opts)
-    out.with_suffix(".md").write_text(render(list(read_records(out)), (started, time.time())))
+    records = list(read_records(out))
+    out.with_suffix(".md").write_text(render(records, (started, time.time()), out.with_suffix(".png").name))
+    plot(records, out.with_suffix(".png"))
     for row in rows:
         print({k: row[k] for k in ("round", "phase", "ratio", "service_ratio", "settled", "swaps", "failed")})
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    print(f"wrote {out}, {out.with_suffix('.md')} and {out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

@@ -83,3 +83,15 @@ def test_a_short_live_run_records_every_field(tiny_store: Path, tmp_path: Path) 
     kinds = [r["kind"] for r in read_records(out)]
     assert kinds == ["run", "start-profile", "round-trip", "phase", "phase", "end"]
     assert next(r for r in read_records(out) if r["kind"] == "round-trip")["failed"] == 0
+
+
+def test_the_plot_draws_every_phase(tmp_path: Path) -> None:
+    from packrat.bench.traffic_shape import plot
+
+    rows = [_row(1, "A", 20.0, 10.0), _row(1, "B", 110.0, 100.0), _row(2, "A", 30.0, 10.0)]
+    path = tmp_path / "shape.png"
+    plot([{"kind": "run"}] + [{"kind": "phase", **r} for r in rows], path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    text = render([{"kind": "run", "machine": "m", "command": "c"}] + [{"kind": "phase", **r} for r in rows],
+                  (0.0, 60.0), "traffic-shape-x.png")
+    assert text.rstrip().endswith("(traffic-shape-x.png)")

@@ -7,7 +7,9 @@ re-plan loop on, tick 1 s; tuning off, so the mode stays the archive's own and t
 the one the loop picks). Its Reprofiler (packrat.control.tuning.Reprofiler) follows the
 traffic's sizes of the last ~30 s: when they move a factor 1.5 from those the profile planned
 from was timed at, it plans from the profile kept for that shape if one was measured (no
-re-profile, no wait), else re-profiles the live mode at the traffic's sizes, beside the
+re-profile, no wait), else re-profiles the live mode at the traffic's sizes (each batch b
+at the longest of b texts: packrat.profile.shape.sizes_by_batch; "prediction for" names the
+profile's label and, where they differ, the sizes the plan's batch was timed at), beside the
 serving load; one-thread points that waited for their core are corrected to the time they
 computed (packrat.profile.contention). The controller starts from a profile made at 128
 tokens, before anything serves, *with its sizes recorded* (ProfileSettings.sizes).
@@ -188,8 +190,12 @@ def profile_facts(path: Path) -> dict[str, Any]:
     restored for a returning shape keeps its own `created`."""
     prof = load_profile(path)
     shared = prof.extra.get("contention") or {}
+    by_batch = {str(pt.batch): pt.meta.get("sizes") for pt in prof.points if pt.meta.get("sizes")}
     return {"created": prof.extra.get("created"), "corrected": len(shared.get("corrected", [])),
-            "contended": len(shared.get("contended", []))}
+            "contended": len(shared.get("contended", [])),
+            # the sizes each batch was timed at (a profile of traffic times batch b at the
+            # longest of b texts: packrat.profile.shape.sizes_by_batch)
+            "timed_by_batch": by_batch}
 
 
 def traffic_sizes(status: dict[str, Any], batch: int) -> dict[str, int]:
@@ -317,6 +323,7 @@ def run_phase(sv: Serving, rnd: int, name: str) -> dict[str, Any]:
         "traffic": (st.get("traffic") or {}).get("tokens"), "mode": st.get("mode"),
         "plan": shape_label([(i["threads"], i["batch"]) for i in plan.get("instances", [])]) or None,
         "plan_batch": plan.get("batch"), "plan_predicted_ms": st.get("predicted_latency_ms"),
+        "instance_batches": sorted({int(i["batch"]) for i in plan.get("instances", [])}),
         **_phase_events(sv, wall0),
         "requests": len(samples), "failed": sum(1 for s in samples if not s.ok),
         "errors": sorted({s.error for s in samples if s.error})[:5],
@@ -452,20 +459,32 @@ ROW = ("| {round} | {phase} ({texts}) | {predicted_for} | {made} | {plan} B={bat
        "{rps} | {ratio} | {sratio} | {settled} | {swaps} | {reprof} | {failed} |")
 
 
+def _predicted_for(r: dict[str, Any]) -> str:
+    """The profile's label, and the sizes the plan's instance batch was timed at where they differ."""
+    label = r["predicted_for"]
+    out = ", ".join(f"{k} {v}" for k, v in label.items()) or "task's sample"
+    timed = (r.get("profile") or {}).get("timed_by_batch") or {}
+    for b in r.get("instance_batches") or ():
+        sizes = timed.get(str(b))
+        if sizes and sizes != label:
+            out += f"; batch {b} at " + ", ".join(f"{k} {v}" for k, v in sizes.items())
+    return out
+
+
 def table_row(r: dict[str, Any]) -> str:
     p, o, prof = r["predicted"], r["observed"], r.get("profile") or {}
     made = (f"{str(prof.get('created') or '?')[11:19]}, {prof.get('corrected', 0)} corrected / "
             f"{prof.get('contended', 0)} contended" if prof else "?")
     return ROW.format(
         round=r["round"], phase=r["phase"], texts=r["texts"],
-        predicted_for=", ".join(f"{k} {v}" for k, v in r["predicted_for"].items()) or "task's sample", made=made,
+        predicted_for=_predicted_for(r), made=made,
         plan=r["plan"], batch=p["estimated_batch"], pred=p["current_ms"], corr=p["corrected_current_ms"],
         p50=o["p50_ms"], p99=o["p99_ms"], rps=o["throughput_rps"], ratio=r["ratio"], sratio=r["service_ratio"],
         settled=f"{r['settled_after_s']} s" if r["settled"] else "no (timeout)", swaps=r["swaps"],
         reprof=len(r["reprofiles"]), failed=r["failed"])
 
 
-def render(records: list[dict[str, Any]], took: tuple[float, float]) -> str:
+def render(records: list[dict[str, Any]], took: tuple[float, float], plot_file: str | None = None) -> str:
     """The results file from the run's records: front matter (scripts/benchmark_summary.py
     reads it), the table per phase, the target's verdict per traffic shape, what is compared."""
     run_rec = next(r for r in records if r["kind"] == "run")
@@ -491,4 +510,43 @@ def render(records: list[dict[str, Any]], took: tuple[float, float]) -> str:
               "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {v['texts']} | {v['ratio']} | {v['p50_spread']} | {v['predicted_spread']} | +-{v['band']:.0%} | "
               f"{v['within']} | {v['swaps']} | {v['failed']} |" for v in vs]
+    if plot_file:
+        lines += ["", f"![predicted batch latency, corrected, observed service and client p50 per round]({plot_file})"]
     return "\n".join(lines) + "\n"
+
+
+def plot(records: list[dict[str, Any]], path: Path) -> None:
+    """One panel per traffic shape: per round, the profile's predicted batch latency with the
+    target's +-25 % band, the loop's corrected figure, the observed service time and the
+    clients' p50 (the table's figures, drawn)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # a file only, never a display
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in records if r["kind"] == "phase"]
+    names = sorted({r["phase"] for r in rows})
+    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(5 * max(1, len(names)), 4), squeeze=False)
+    series = (("predicted (profile)", lambda r: r["predicted"]["current_ms"], "tab:blue"),
+              ("corrected (loop)", lambda r: r["predicted"]["corrected_current_ms"], "tab:cyan"),
+              ("observed service", lambda r: r["predicted"].get("observed_service_ms"), "tab:orange"),
+              ("client p50", lambda r: r["observed"]["p50_ms"], "tab:red"))
+    for ax, name in zip(axes[0], names):
+        mine = [r for r in rows if r["phase"] == name]
+        for k, r in enumerate(mine):
+            pred = r["predicted"]["current_ms"]
+            if pred:
+                ax.fill_between([k - 0.4, k + 0.4], [0.75 * pred] * 2, [1.25 * pred] * 2, color="tab:blue",
+                                alpha=0.12, label="predicted +-25 %" if k == 0 else None)
+            for j, (label, get, color) in enumerate(series):
+                value = get(r)
+                if value:
+                    ax.bar(k - 0.3 + 0.2 * j, value, width=0.18, color=color, label=label if k == 0 else None)
+        ax.set_xticks(range(len(mine)), [f"round {r['round']}" for r in mine])
+        ax.set_ylabel("ms")
+        ax.set_title(f"{name}: {mine[0]['texts']}" if mine else name, fontsize=10)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle("Predicted batch latency against what was served (8 closed-loop clients)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
