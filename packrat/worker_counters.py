@@ -16,9 +16,12 @@ and the sequence is even, so it never sees half an update.
 After them, the sizes of what the worker served (issue 32, "traffic-shaped profiles"):
 per kind of size (SIZE_KINDS: text tokens, image pixels, generated tokens) BUCKETS
 request counts and the sum of the sizes, cumulative since the worker started, written
-under the same sequence word. Buckets are half-octaves (each √2 wide: 0, 1, 2, 3, 4-5,
-6-7, 8-11, 12-15, ...), so a quantile read from them is within ~20 % of the exact
-one; 64 of them reach past 2^32 (25-megapixel images included). The handler adds a
+under the same sequence word. Sizes 0-15 have a bucket each (a short text's tokens are
+read exactly: one token is 15-25 % of a 4-7-token batch's cost); from 16 up buckets are
+half-octaves (each √2 wide: 16-23, 24-31, 32-47, ...), so a quantile read from them is
+within ~20 % of the exact one; 64 of them reach 2 x 10^8 (25-megapixel images
+included). A last word says the layout (LAYOUT): a file of another layout (a worker
+started before an upgrade) reads as one without a histogram, never as wrong sizes. The handler adds a
 batch's sizes with add_sizes(): a few stores per request, no system call. A file of
 the five words alone (a worker from before the histogram) reads as counters without one.
 """
@@ -37,17 +40,21 @@ from pathlib import Path
 
 RECORD = struct.Struct("=5Q")  # sequence, started, done, busy (0/1), time (µs since the epoch)
 SIZE_KINDS = ("tokens", "pixels", "generated")  # text/prompt tokens, image width x height, generated tokens
-BUCKETS = 64  # half-octave buckets per kind; the last one holds everything from 3 x 2^30 up
+BUCKETS = 64  # buckets per kind; the last one holds everything from 3 x 2^26 up
+EXACT = 16  # sizes below this have a bucket each
+LAYOUT = 2  # the histogram's layout: 1 was half-octaves from 4 up, without this word
 _KIND_WORDS = BUCKETS + 1  # the counts, then the sum of the sizes
 _SIZES_AT = {kind: RECORD.size // 8 + i * _KIND_WORDS for i, kind in enumerate(SIZE_KINDS)}
-FULL_RECORD = struct.Struct(f"={5 + len(SIZE_KINDS) * _KIND_WORDS}Q")  # the base record + the histograms
+FULL_RECORD = struct.Struct(f"={5 + len(SIZE_KINDS) * _KIND_WORDS + 1}Q")  # the base record, histograms, LAYOUT
 _READ_ATTEMPTS = 1000
 
 
 def size_bucket(n: int) -> int:
-    """The half-octave bucket of size n >= 0: 0 and 1 alone, then two buckets per power of two."""
-    b = n.bit_length()
-    return b if b < 2 else min(BUCKETS - 1, 2 * b - 2 + ((n >> (b - 2)) & 1))
+    """The bucket of size n >= 0: 0-15 alone, then two buckets per power of two."""
+    if n < EXACT:
+        return n
+    b = n.bit_length()  # >= 5
+    return min(BUCKETS - 1, EXACT + 2 * (b - 5) + ((n >> (b - 2)) & 1))
 
 
 _SMALL = 4096  # sizes below this find their bucket in a table (token counts always do)
@@ -56,10 +63,10 @@ _SMALL_BUCKETS = bytes(size_bucket(n) for n in range(_SMALL))
 
 def bucket_low(k: int) -> int:
     """The smallest size bucket k holds."""
-    if k < 2:
+    if k < EXACT:
         return k
-    b = k // 2 + 1
-    return (1 << (b - 1)) + (k & 1) * (1 << (b - 2))
+    b = (k - EXACT) // 2 + 5
+    return (1 << (b - 1)) + ((k - EXACT) & 1) * (1 << (b - 2))
 
 
 class LiveCounters:
@@ -73,6 +80,7 @@ class LiveCounters:
         finally:
             os.close(fd)
         self._words = memoryview(self._map).cast("Q")
+        self._words[FULL_RECORD.size // 8 - 1] = LAYOUT
         self.store(0, 0, False)
 
     def add_sizes(self, sizes: Mapping[str, Sequence[int]]) -> None:
@@ -143,7 +151,7 @@ def read_counters(path: Path) -> dict[str, object] | None:
 
 @dataclass(frozen=True)
 class SizeHistogram:
-    """Request counts per half-octave bucket of one kind of size, and the sizes' sum."""
+    """Request counts per bucket (size_bucket) of one kind of size, and the sizes' sum."""
 
     counts: tuple[int, ...] = (0,) * BUCKETS
     total: int = 0
@@ -165,7 +173,7 @@ class SizeHistogram:
 
     def quantile(self, q: float) -> float | None:
         """The size below which a fraction q of the requests lie, interpolated linearly
-        inside its bucket (exact for sizes 0-3; None with no requests)."""
+        inside its bucket (exact for sizes 0-15; None with no requests)."""
         n = self.requests
         if not n:
             return None
@@ -183,9 +191,11 @@ class SizeHistogram:
 def read_sizes(path: Path) -> dict[str, SizeHistogram] | None:
     """{kind: SizeHistogram} from a worker's counter file, read whole under the seqlock;
     None if there is none, it is not a regular file of this user, it has no histogram
-    (an older worker), or it kept changing under the reader."""
+    or one of another layout (an older worker), or it kept changing under the reader."""
     got = _read_record(path, FULL_RECORD.size)
     if got is None or not got[1]:
         return None
     words = FULL_RECORD.unpack(got[0])
+    if words[-1] != LAYOUT:
+        return None
     return {kind: SizeHistogram(words[at:at + BUCKETS], words[at + BUCKETS]) for kind, at in _SIZES_AT.items()}

@@ -8,6 +8,7 @@ import contextlib
 import io
 import itertools
 import multiprocessing
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,10 @@ from packrat.worker_counters import (
 )
 
 
-def test_buckets_are_half_octaves_that_cover_every_size() -> None:
-    assert [size_bucket(n) for n in range(13)] == [0, 1, 2, 3, 4, 4, 5, 5, 6, 6, 6, 6, 7]
+def test_buckets_are_exact_then_half_octaves_and_cover_every_size() -> None:
+    # a short text's tokens exactly (3-6-token texts: 5 vs 6 tokens is 10 % of a batch's time)
+    assert [size_bucket(n) for n in range(16)] == list(range(16))
+    assert [size_bucket(n) for n in (16, 23, 24, 31, 32, 47, 48)] == [16, 16, 17, 17, 18, 18, 19]
     for k in range(1, BUCKETS):
         assert size_bucket(bucket_low(k)) == k and size_bucket(bucket_low(k) - 1) == k - 1, k
     for k in range(2, BUCKETS - 1):  # each bucket at most ~√2 of its lowest size wide
@@ -41,7 +44,7 @@ def test_sizes_round_trip(tmp_path: Path) -> None:
     got = read_sizes(path)
     tokens = got["tokens"]
     assert tokens.requests == 4 and tokens.total == 6 + 6 + 115 + 7
-    assert tokens.counts[size_bucket(6)] == 3 and tokens.counts[size_bucket(115)] == 1
+    assert tokens.counts[6] == 2 and tokens.counts[7] == 1 and tokens.counts[size_bucket(115)] == 1
     assert got["pixels"].counts[size_bucket(640 * 480)] == 1 and got["pixels"].total == 640 * 480
     assert got["generated"].requests == 1 and got["generated"].mean() == 12
     # the batch counters are untouched by the histogram, and the other way round
@@ -68,13 +71,24 @@ def test_quantiles_and_differences() -> None:
     assert mixed - short == long
     assert SizeHistogram().quantile(0.5) is None and SizeHistogram().mean() is None
     exact = _histogram({3: 5})
-    assert exact.quantile(0.5) == exact.quantile(0.99) == 3.0  # sizes 0-3 have buckets of their own
+    assert exact.quantile(0.5) == exact.quantile(0.99) == 3.0  # sizes 0-15 have buckets of their own
+    texts = _histogram({4: 100, 5: 100, 6: 100})  # traffic-shape-bert-base-epyc-7: p90 read 6.7
+    assert texts.quantile(0.5) == 5.0 and texts.quantile(0.5 ** (1 / 4)) == 6.0
 
 
 def test_a_record_without_a_histogram_and_a_bad_size(tmp_path: Path) -> None:
     old = tmp_path / "1.live"
     old.write_bytes(RECORD.pack(8, 4, 4, 0, time.time_ns() // 1000))  # a worker from before the histogram
     assert read_sizes(old) is None and read_counters(old)["done"] == 4
+    # a worker of the first histogram layout (half-octaves from 4, no layout word): no sizes
+    # rather than sizes read from the wrong buckets; its batch counters still read
+    first = tmp_path / "0.live"
+    first.write_bytes(RECORD.pack(8, 4, 4, 0, 1) + struct.pack(f"={len(SIZE_KINDS) * (BUCKETS + 1)}Q",
+                                                               *range(len(SIZE_KINDS) * (BUCKETS + 1))))
+    assert read_sizes(first) is None and read_counters(first)["done"] == 4
+    wrong = tmp_path / "00.live"
+    wrong.write_bytes(first.read_bytes() + struct.pack("=Q", 1))  # as long as ours, another layout
+    assert read_sizes(wrong) is None
     path = tmp_path / "2.live"
     counters = LiveCounters(path)
     with pytest.raises(TypeError):

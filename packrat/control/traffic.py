@@ -55,7 +55,7 @@ def served_sizes(st: ModelState, reading: Mapping[int, Mapping[str, SizeHistogra
 
 def shape(sizes: Mapping[str, SizeHistogram] | None) -> dict[str, dict[str, Any]] | None:
     """Per kind with requests: how many, their mean size and quantiles (sizes read from
-    half-octave buckets: within ~20 %, exact below 4). {}: no request served yet."""
+    buckets exact below 16, half-octaves above: within ~20 %). {}: no request served yet."""
     if sizes is None:
         return None
     out: dict[str, dict[str, Any]] = {}
