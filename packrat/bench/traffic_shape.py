@@ -526,7 +526,7 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
 
     rows = [r for r in records if r["kind"] == "phase"]
     names = sorted({r["phase"] for r in rows})
-    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(5 * max(1, len(names)), 4), squeeze=False)
+    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(5.5 * max(1, len(names)), 4.8), squeeze=False)
     series = (("predicted (profile)", lambda r: r["predicted"]["current_ms"], "tab:blue"),
               ("corrected (loop)", lambda r: r["predicted"]["corrected_current_ms"], "tab:cyan"),
               ("observed service", lambda r: r["predicted"].get("observed_service_ms"), "tab:orange"),
@@ -545,7 +545,7 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
         ax.set_xticks(range(len(mine)), [f"round {r['round']}" for r in mine])
         ax.set_ylabel("ms")
         ax.set_title(f"{name}: {mine[0]['texts']}" if mine else name, fontsize=10)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
     fig.suptitle("Predicted batch latency against what was served (8 closed-loop clients)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
