@@ -1,20 +1,10 @@
-"""scripts/bench_code_ab.py's report on hand-made windows: the medians leave out each
+"""packrat.bench.code_ab's report (scripts/bench_code_ab.py) on hand-made windows: the medians leave out each
 session's first windows (the JVM's JIT), the ratio is B over A, and the front matter names
 the machine and the commits (the sessions themselves are a benchmark, not a test)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_code_ab.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("bench_code_ab", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from packrat.bench.code_ab import render
 
 
 def _window(session: int, side: str, window: int, rps: float, worker_ms: float) -> dict:
@@ -31,7 +21,7 @@ def test_the_report_compares_the_windows_after_the_warm_ones() -> None:
     meta = {"date": "2026-12-05 12:00-12:10 UTC", "machine": "AMD EPYC, 2 cores", "command": "python x",
             "a": "aaaaaaa", "b": "bbbbbbb", "model": "bert-base", "mode": "int8-onnxruntime", "plan": "2x(t1,b4)",
             "max_length": 8, "warm_s": 45.0, "windows": 3, "window_s": 15.0, "skip": 1, "order": list("ABBA")}
-    text = _script().render(rows, meta)
+    text = render(rows, meta)
     head = text.split("---")[1]
     assert "machine: AMD EPYC, 2 cores" in head
     assert "B/A served throughput 1.249 (A 401-402, B 501-502 req/s)" in head  # 501.5 / 401.5
