@@ -68,6 +68,7 @@ SETTLE_TIMEOUT_S = 900.0  # a re-profile per new shape, and the Reprofiler's 300
 SETTLED_REASONS = ("same-plan", "gain-below-threshold")  # the loop would not swap: settled
 TICK_FIELDS = ("time_s", "reason", "swap", "estimated_batch", "current_ms", "corrected_current_ms",
                "observed_ms", "latency_gap")
+TARGET_BAND = 0.25  # issue 32: predicted p50 within +-25 % of observed (or the run's own noise band)
 START_SIZES = (("tokens", 128),)  # the task's sample: a text of max_length tokens
 
 SHORT_TEXTS = (b"great movie", b"not bad at all", b"I loved it", b"too long",
@@ -446,7 +447,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for name, (texts, _) in PHASES.items():
         mine = [r for r in rows if r["phase"] == name]
         ratios = [r["ratio"] for r in mine if r["ratio"]]
-        band = max(0.25, spread(mine, "observed.p50_ms") or 0.0)
+        band = max(TARGET_BAND, spread(mine, "observed.p50_ms") or 0.0)
         ratio = statistics.median(ratios) if ratios else None
         out.append({"phase": name, "texts": texts, "ratio": None if ratio is None else round(ratio, 3),
                     "p50_spread": spread(mine, "observed.p50_ms"), "predicted_spread": spread(mine, "predicted.current_ms"),
@@ -536,7 +537,7 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
         for k, r in enumerate(mine):
             pred = r["predicted"]["current_ms"]
             if pred:
-                ax.fill_between([k - 0.4, k + 0.4], [0.75 * pred] * 2, [1.25 * pred] * 2, color="tab:blue",
+                ax.fill_between([k - 0.4, k + 0.4], [(1 - TARGET_BAND) * pred] * 2, [(1 + TARGET_BAND) * pred] * 2, color="tab:blue",
                                 alpha=0.12, label="predicted +-25 %" if k == 0 else None)
             for j, (label, get, color) in enumerate(series):
                 value = get(r)

@@ -15,7 +15,7 @@ from packrat.apply import versions
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of
 from packrat.control.modecheck import mode_refusal
-from packrat.control.traffic import plan_batch, profile_sizes, profile_sizes_by_batch
+from packrat.control.traffic import plan_batch, profile_shape
 from packrat.control.values import ModelState
 from packrat.errors import ConfigError, PackratError, ProfileError
 from packrat.jobs import Job, Jobs, Turns
@@ -138,13 +138,15 @@ class Planner:
         The profile goes where tuning and the re-plan loop read it:
         <state dir>/profiles/<model>/<mode>.json (packrat.profile.library). `then`: called
         with the saved profile in the job (e.g. to re-plan); what it returns joins the result.
-        `sizes`: the request sizes to time, the profile's label (None: the traffic's since the
-        workers started, at the live plan's load batch); `sizes_by_batch`: the batches timed at
-        other sizes (None: the traffic's since the workers started, a batch padded to its
-        longest request; packrat.profile.shape.sizes_by_batch)."""
+        `sizes`: the request sizes to time, the profile's label, and `sizes_by_batch` the batches
+        timed at other sizes (packrat.profile.shape.sizes_by_batch; none given: every batch at
+        `sizes`); sizes None: both the traffic's since the workers started (its label at the
+        live plan's load batch, each batch padded to its longest request)."""
         _, base_dir = base_of(self.swapper, self.model_store, st)
-        label = profile_sizes(st, plan_batch(st)) if sizes is None else sizes
-        by_batch = profile_sizes_by_batch(st, label, max_batch) if sizes_by_batch is None else sizes_by_batch
+        if sizes is None:
+            label, by_batch = profile_shape(st, plan_batch(st), max_batch)
+        else:
+            label, by_batch = sizes, sizes_by_batch or ()
         settings = ProfileSettings(cores=cores or len(self.cores), max_batch=max_batch, budget_s=budget_s,
                                    sizes=label, sizes_by_batch=by_batch)
         settings.validate(len(self.cores))

@@ -78,12 +78,16 @@ def profile_sizes(st: ModelState, batch: int) -> tuple[tuple[str, int], ...]:
     return representative_sizes(sizes, batch) if sizes else ()
 
 
-def profile_sizes_by_batch(st: ModelState, label: Iterable[tuple[str, int]],
-                           max_batch: int) -> tuple[tuple[int, tuple[tuple[str, int], ...]], ...]:
-    """The batches 1..max_batch to time at other sizes than `label`, the traffic's for each
-    (packrat.profile.shape.sizes_by_batch); (): no traffic yet."""
+def profile_shape(st: ModelState, batch: int, max_batch: int,
+                  ) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[int, tuple[tuple[str, int], ...]], ...]]:
+    """From one reading of the workers' histograms: the sizes to profile at for load batch
+    `batch` (profile_sizes: the profile's label) and the batches 1..max_batch to time at
+    other sizes (packrat.profile.shape.sizes_by_batch); both (): no traffic yet."""
     sizes = served_sizes(st)
-    return sizes_by_batch(sizes, range(1, max_batch + 1), label) if sizes else ()
+    if not sizes:
+        return (), ()
+    label = representative_sizes(sizes, batch)
+    return label, sizes_by_batch(sizes, range(1, max_batch + 1), label)
 
 
 def _moved(before: Mapping[str, int], st: ModelState, batch: int) -> str | None:

@@ -42,7 +42,7 @@ from packrat import tune
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of
 from packrat.control.swaps import Swaps
-from packrat.control.traffic import plan_batch, profile_sizes, profile_sizes_by_batch, why_retune, worker_sizes
+from packrat.control.traffic import plan_batch, profile_shape, why_retune, worker_sizes
 from packrat.control.values import ModelState
 from packrat.errors import BusyError, ConfigError, PackratError
 from packrat.jobs import Job, Jobs, Turns
@@ -133,9 +133,8 @@ class Tuning:
             modes=tune.requested_modes(o.modes), budget_s=o.budget_s or tune.DEFAULT_BUDGET_S, fresh=o.fresh,
             max_batch=o.max_batch, point_budget_s=o.point_budget_s or tune.DEFAULT_POINT_BUDGET_S)
         settings.validate(len(self.cores))
-        label = profile_sizes(st, settings.batch)  # the traffic's, else ()
-        settings = replace(settings, sizes=label,
-                           sizes_by_batch=profile_sizes_by_batch(st, label, settings.profile_max_batch))
+        label, by_batch = profile_shape(st, settings.batch, settings.profile_max_batch)  # the traffic's, else ()
+        settings = replace(settings, sizes=label, sizes_by_batch=by_batch)
         previous = tune.load_record(self.state_dir, model)
         job_ref: dict[str, Job] = {}
 
