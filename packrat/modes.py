@@ -34,8 +34,11 @@ DEFAULT_RUNTIME = "eager"
 TEXT_GENERATION = "text-generation"  # the one task whose decoding loop runs eager only
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 arithmetic
-# /proc/cpuinfo flags of int8 dot-product instructions (u8 x s8 -> s32 in one op).
-INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+# /proc/cpuinfo flags of SIMD int8 multiply-add: VNNI and AMX (u8 x s8 -> s32 in one op) or
+# AVX2's vpmaddubsw/vpmaddwd pair. With AVX2 alone int8s still paid off for convolutions
+# (ResNet-50 int8s-openvino 2.5x fp32 eager on a Zen 3 EPYC, docs/benchmarks/modes-avx2-epyc.md),
+# not for BERT's matmuls (as fp32-openvino): tuning measures which.
+INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8", "avx2")
 
 
 @dataclass(frozen=True)
@@ -163,13 +166,15 @@ def bf16_problem(flags: Iterable[str], mkldnn_bf16: bool, precision: str = "bf16
 
 
 def int8_static_problem(flags: Iterable[str]) -> str | None:
-    """Why int8-static should not be expected to pay off here, or None when it should.
+    """Why int8-static should not be expected to pay off here, or None when it may.
 
-    Without VNNI/AMX an int8 multiply-accumulate takes several AVX-512/AVX2
-    instructions: correct, but no faster than fp32. Tuning offers int8s only with them.
+    Without any SIMD int8 multiply-add (VNNI, AMX or at least AVX2) int8 arithmetic is
+    emulated: correct, but no faster than fp32. Tuning offers int8s only with one of
+    them and keeps it only where it measures faster (with AVX2 alone it did for
+    ResNet-50, not for BERT-base: docs/benchmarks/modes-avx2-epyc.md).
     """
     if not set(flags) & set(INT8_FLAGS):
-        return ("int8-static (int8s) needs int8 dot-product instructions for its speed (flags "
+        return ("int8-static (int8s) needs SIMD int8 multiply-add instructions for its speed (flags "
                 f"{', '.join(INT8_FLAGS)}); this CPU has none")
     return None
 

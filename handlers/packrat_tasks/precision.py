@@ -23,7 +23,7 @@
           the archive (quantize_static.py): convolutions and matmuls with their
           activations in int8. ONNX Runtime / OpenVINO only; refused for the
           torch runtimes and for text-generation. Fast where the CPU has int8
-          dot-product instructions (VNNI or AMX: see int8_static_problem).
+          multiply-add (VNNI or AMX; AVX2 for convolutions: see int8_static_problem).
 
 Nothing here runs at import time; torch is imported by the functions.
 """

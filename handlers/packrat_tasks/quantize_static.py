@@ -2,7 +2,7 @@
 
 Unlike `int8` (dynamic: weights int8, activations quantised per batch, only
 Linear/MatMul), int8-static fixes every activation's scale from calibration
-data, so convolutions *and* matmuls run int8 x int8 on VNNI/AMX:
+data, so convolutions *and* matmuls run int8 x int8 (VNNI/AMX, or AVX2):
 
     int8s-openvino     NNCF (nncf.quantize) on the exported ONNX graph read as an
                        OpenVINO model; saved as OpenVINO IR (model.xml/.bin).

@@ -6,7 +6,7 @@
      "mode": "fp32-eager",                      # the archive's own mode
      "runtimes": ["eager", "torchscript", ...], # what its packrat_tasks.runtime registers
      "bf16": null | "why not",                  # packrat_tasks.precision.check_bf16()
-     "int8": null | "why not",                  # int8-static's speed: VNNI/AMX int8 flags
+     "int8": null | "why not",                  # int8-static's speed: VNNI/AMX/AVX2 int8 flags
      "unavailable": {"openvino": "ModuleNotFoundError: ...",
                      "int8s-openvino": "nncf is not installed", ...}}
 
@@ -50,7 +50,7 @@ class Capabilities:
     bf16: str | None  # None: native bf16 works; else why not
     # runtime (or "int8s-<runtime>": its quantisation tool) -> why not
     unavailable: dict[str, str] = field(default_factory=dict)
-    int8: str | None = None  # None: the CPU has int8 dot-product instructions (VNNI/AMX); else why not
+    int8: str | None = None  # None: the CPU has SIMD int8 multiply-add (VNNI, AMX or AVX2); else why not
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "mode": self.mode, "runtimes": list(self.runtimes),

@@ -8,7 +8,7 @@ with native bf16, a runtime only where it imports) and the task can run it
 (text-generation: eager only; no bf16 on ONNX Runtime; bf16w on eager only;
 no int8 on inductor or IPEX; int8s — int8-static, calibrated — only on ONNX
 Runtime and OpenVINO, with its quantisation tool importable, on a CPU with
-VNNI or AMX int8, and never for text-generation). The archive's own mode always comes first: it is what serves until
+SIMD int8 multiply-add (VNNI, AMX or AVX2), and never for text-generation). The archive's own mode always comes first: it is what serves until
 a mode more than 3 % faster is found (packrat.plan.MODE_MARGIN), and it wins within that.
 
 Without `requested`, the candidates are a short list per task — the modes
@@ -46,8 +46,9 @@ ALL = "all"
 # see docs/benchmarks/gen-bf16w-epyc.md. bf16-eager is still tried on request.
 # int8s-openvino (int8-static through NNCF): on the 2-core EPYC (VNNI, no AMX),
 # through TorchServe at B=8, ResNet-50 1.82x and BERT-base 1.74x bf16-openvino's
-# throughput (docs/modes-benchmark.md, "int8-static"); offered only with VNNI/AMX
-# int8 and nncf importable.
+# throughput (docs/modes-benchmark.md, "int8-static"); on a Zen 3 EPYC with AVX2 and
+# no VNNI, ResNet-50 2.5x fp32 eager, BERT-base no faster than fp32-openvino
+# (docs/benchmarks/modes-avx2-epyc.md); offered with VNNI, AMX or AVX2 int8 and nncf importable.
 SHORTLIST: dict[str, tuple[str, ...]] = {
     "text-classification": ("bf16-openvino", "int8-onnxruntime", "int8s-openvino"),
     "feature-extraction": ("bf16-openvino", "int8-onnxruntime", "int8s-openvino"),
