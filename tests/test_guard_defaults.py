@@ -68,6 +68,11 @@ INT8_FINDING = ("defaults refuse int8 on this classifier: max prob diff 0.05-0.1
 # (torch's per-tensor weights and 7-bit activations).
 EMBEDDER_FINDING = ("defaults refuse int8-eager (min cosine 0.921) and int8-onnxruntime (0.9885) on the "
                     "real MiniLM embedder (measured 2026-12-04)")
+# The finding that int8 keeps every guard text's class was measured with VNNI. With AVX2's
+# int8 path alone (no VNNI/AMX, offered since int8-static is tried there) it does not hold:
+# on a Zen 3 EPYC (2026-12-05) int8s-openvino flipped one of the 8 texts (top-1 7/8, max prob
+# diff 0.095, cosine 0.9964), so the defaults refuse it for the class as well.
+INT8_DOT_PRODUCT_HERE = bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def _bf16_here() -> str | None:
@@ -224,8 +229,10 @@ def test_defaults_accept_the_real_int8_modes(store: Path, mode: str) -> None:
     try:
         g = _load(store, precision=precision, runtime=runtime_).runner.guard
     except guard.AccuracyGuardError as exc:
-        # What the finding says: the class is kept, the probabilities are not.
-        assert exc.report.metrics["top1_agreement_decisive"] == 1.0, exc.report.message
+        # What the finding says: the class is kept, the probabilities are not (with VNNI/AMX;
+        # INT8_DOT_PRODUCT_HERE says why not without them).
+        if INT8_DOT_PRODUCT_HERE:
+            assert exc.report.metrics["top1_agreement_decisive"] == 1.0, exc.report.message
         print(exc.report.message)
         raise
     assert g["ok"] and g["metrics"]["decisive_rows"] >= 6, g["message"]
