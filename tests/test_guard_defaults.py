@@ -40,7 +40,7 @@ import packrat_handler  # the handler every archive ships (handlers/: on the pat
 from classifier_support import LABELS, build_topic_archive, topic_texts
 from packrat.archive import build_from_dir
 from packrat.archive.local_tokenizers import minilm_dir
-from packrat.modes import bf16_problem, cpu_flags, int8_static_problem
+from packrat.modes import INT8_DOT_PRODUCT_FLAGS, bf16_problem, cpu_flags, int8_static_problem
 from packrat_tasks import guard
 from packrat_tasks.runtime import RUNTIMES, runtime
 
@@ -72,7 +72,7 @@ EMBEDDER_FINDING = ("defaults refuse int8-eager (min cosine 0.921) and int8-onnx
 # int8 path alone (no VNNI/AMX, offered since int8-static is tried there) it does not hold:
 # on a Zen 3 EPYC (2026-12-05) int8s-openvino flipped one of the 8 texts (top-1 7/8, max prob
 # diff 0.095, cosine 0.9964), so the defaults refuse it for the class as well.
-INT8_DOT_PRODUCT_HERE = bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+INT8_DOT_PRODUCT_HERE = bool(cpu_flags() & set(INT8_DOT_PRODUCT_FLAGS))
 
 
 def _bf16_here() -> str | None:
