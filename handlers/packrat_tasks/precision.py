@@ -23,7 +23,8 @@
           the archive (quantize_static.py): convolutions and matmuls with their
           activations in int8. ONNX Runtime / OpenVINO only; refused for the
           torch runtimes and for text-generation. Fast where the CPU has int8
-          multiply-add (VNNI or AMX; AVX2 for convolutions: see int8_static_problem).
+          multiply-add (VNNI or AMX; with AVX2 alone it measured faster for ResNet-50,
+          not BERT-base: see int8_static_problem).
 
 Nothing here runs at import time; torch is imported by the functions.
 """
