@@ -22,7 +22,7 @@ import pytest
 
 from packrat.bench.loadgen import PoissonLoad, Sample, latency_summary
 from packrat.bench.localserver import LocalServer, local_server
-from packrat.bench.machine import FLAGS_OF_INTEREST, cpu_flags, describe_machine
+from packrat.bench.machine import FLAGS_OF_INTEREST, Machine, cpu_flags, describe_machine, family_model, isa_summary
 from packrat.bench.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,6 +170,28 @@ def test_cpu_flags_keeps_the_flags_of_interest_in_their_order() -> None:
     text = "processor\t: 0\nflags\t\t: fpu sse avx512_bf16 avx2 amx_tile ssse3\nprocessor\t: 1\nflags\t\t: fpu\n"
     assert cpu_flags(text) == ("avx2", "avx512_bf16", "amx_tile")
     assert cpu_flags("model name\t: something\n") == ()
+
+
+def test_machine_label_tells_apart_cpus_that_share_a_model_name() -> None:
+    # Two VMs' lscpu both said "AMD EPYC": a Zen 3 with AVX2 alone and one with AVX-512,
+    # VNNI and bf16; their figures must not be compared, so the label must differ.
+    zen3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n" \
+           "flags\t\t: fpu avx2\n\nprocessor\t: 1\ncpu family\t: 99\nmodel\t\t: 9\n"
+    assert family_model(zen3) == "family 25 model 1"  # the first CPU's block, not the last
+    assert family_model("model name\t: x\n") == ""
+
+    def machine(flags: tuple[str, ...], fm: str) -> Machine:
+        return Machine(cpu="AMD EPYC", flags=flags, cores=2, cpus=2, memory_gib=23.5, python="3.11.7",
+                       family_model=fm)
+
+    a = machine(cpu_flags(zen3), family_model(zen3))
+    b = machine(("avx2", "avx512f", "avx512_vnni", "avx512_bf16"), "family 25 model 17")
+    assert a.label == "AMD EPYC (family 25 model 1; avx2, no AVX-512)"
+    assert b.label == "AMD EPYC (family 25 model 17; AVX-512, avx512_vnni, avx512_bf16)"
+    assert machine(("avx2",), "").label != machine(("avx2", "avx512f"), "").label  # flags alone differ
+    assert isa_summary(("avx2", "avx512f", "amx_tile", "amx_bf16")) == "AMX, amx_bf16"
+    assert isa_summary(()) == "no AVX2"
+    assert a.as_dict()["label"] == a.label and describe_machine().label.startswith(describe_machine().cpu)
 
 
 def test_latency_summary_uses_the_one_percentile() -> None:

@@ -122,7 +122,7 @@ def run(opts: CodeAB) -> Path:
     meta = {**{k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
             "a": commits["A"], "b": commits["B"], "order": list(ORDER),
             "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)) + time.strftime("-%H:%M UTC", time.gmtime()),
-            "machine": f"{machine.cpu}, {machine.cores} cores"}
+            "machine": f"{machine.label}, {machine.cores} cores"}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps({"kind": "window", **r}) + "\n" for r in rows)
                    + json.dumps({"kind": "run", **meta}) + "\n")

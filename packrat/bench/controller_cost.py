@@ -144,7 +144,7 @@ def _loaded_window(server: Any, api: str, pid: int, clients: int, seconds: float
     stop.set()
     loader.join()
     return {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command,
-            "cpu": describe_machine().cpu, "cpus": os.cpu_count(), "models": len(MODELS),
+            "cpu": describe_machine().label, "cpus": os.cpu_count(), "models": len(MODELS),
             "loaded_model_clients": clients, "status_tab": status_tab, "window_s": round(wall_s, 1),
             "controller_cpu_s": round(cpu_s, 2), "controller_core_pct": round(100.0 * cpu_s / wall_s, 2),
             "loadavg_1m": [load_before[0], load_after[0]], "status_calls": polls[0],

@@ -70,7 +70,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     lines = [
         f"# Efficiency: {Path(s['model']).name}, {s['mode']} {s['plan']}, {clients} clients",
         "",
-        f"CPU: **{m['cpu']}** ({m['cores']} usable cores of {m['cpus']}; flags {', '.join(m['flags']) or 'none'}; "
+        f"CPU: **{m.get('label', m['cpu'])}** ({m['cores']} usable cores of {m['cpus']}; flags {', '.join(m['flags']) or 'none'}; "
         f"{m['memory_gib']} GiB); torch {run['versions'].get('torch')}, TorchServe "
         f"{run['versions'].get('torchserve')}, Python {m['python']}; load average at start "
         f"{run['versions'].get('loadavg_at_start')}. Payload: {run['payload_bytes']} bytes ({run['content_type']}).",

@@ -251,7 +251,7 @@ def run_campaign(inputs: int, first_seed: int, frontend_probes: int, workdir: Pa
         server.stop()
     result = {
         "command": command,
-        "cpu": f"{describe_machine().cpu}, {os.cpu_count()} cores",
+        "cpu": f"{describe_machine().label}, {os.cpu_count()} cores",
         "load_average_before_after": [round(load_before[0], 1), round(load_after[0], 1)],
         "load_average_sampled_min_max": [min(campaign.loads), max(campaign.loads)],
         "torch": __import__("torch").__version__,

@@ -53,7 +53,7 @@ def measure(mode: str, rounds: int, requests: int, text: str, out: Path, command
     results = Results(out)
     run = time.strftime("%Y%m%dT%H%M%S")
     cores = sorted(os.sched_getaffinity(0))
-    results.add(run=run, kind="machine", cpu=describe_machine().cpu, cores=len(cores), torch=torch.__version__,
+    results.add(run=run, kind="machine", cpu=describe_machine().label, cores=len(cores), torch=torch.__version__,
                 load_avg=os.getloadavg(), command=command)
     precision, runtime = mode.split("-")
     with tempfile.TemporaryDirectory(prefix="bench-logging-") as tmp:

@@ -21,9 +21,49 @@ class Machine:
     cpus: int  # CPUs the kernel reports (os.cpu_count())
     memory_gib: float
     python: str
+    family_model: str = ""  # "family 25 model 1", where /proc/cpuinfo says
+
+    @property
+    def label(self) -> str:
+        """The CPU as results files name it: a VM's model name is often only the vendor's line
+        ("AMD EPYC" for a Zen 3 with AVX2 alone and for a Zen 4 with AVX-512), and figures
+        from the two must not be compared, so the family, model and instruction sets follow."""
+        detail = "; ".join(x for x in (self.family_model, isa_summary(self.flags)) if x)
+        return f"{self.cpu} ({detail})" if detail else self.cpu
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "flags": list(self.flags)}
+        return {**asdict(self), "flags": list(self.flags), "label": self.label}
+
+
+def isa_summary(flags: tuple[str, ...] | list[str]) -> str:
+    """What the execution modes care about, in a few words (docs/modes.md)."""
+    have = set(flags)
+    if "amx_tile" in have or "amx_bf16" in have or "amx_int8" in have:
+        parts = ["AMX"] + [f for f in ("amx_bf16", "amx_int8") if f in have]
+    elif "avx512f" in have:
+        parts = ["AVX-512"] + [f for f in ("avx512_vnni", "avx512_bf16") if f in have]
+    elif "avx2" in have:
+        parts = ["avx2", "no AVX-512"]
+    else:
+        return "no AVX2"
+    return ", ".join(parts)
+
+
+def family_model(cpuinfo: str | None = None) -> str:
+    """"family F model M" of the first CPU in /proc/cpuinfo (or the given text), or ""."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first CPU's block only
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    fam, model = fields.get("cpu family", ""), fields.get("model", "")
+    return f"family {fam} model {model}" if fam and model else ""
 
 
 def cpu_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
@@ -44,4 +84,5 @@ def memory_gib() -> float:
 
 def describe_machine() -> Machine:
     return Machine(cpu=cpu_model(), flags=cpu_flags(), cores=len(os.sched_getaffinity(0)),
-                   cpus=os.cpu_count() or 0, memory_gib=memory_gib(), python=platform.python_version())
+                   cpus=os.cpu_count() or 0, memory_gib=memory_gib(), python=platform.python_version(),
+                   family_model=family_model())

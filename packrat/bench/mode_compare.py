@@ -323,7 +323,7 @@ def _run(out: Path) -> Iterator[tuple[Results, str, Path]]:
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     results = Results(out)
     run = time.strftime("%Y%m%dT%H%M%S")
-    results.add(run=run, kind="machine", cpu=describe_machine().cpu, cores=len(os.sched_getaffinity(0)),
+    results.add(run=run, kind="machine", cpu=describe_machine().label, cores=len(os.sched_getaffinity(0)),
                 torch=torch.__version__, load_avg=os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="bench-modes-") as tmp:
         yield results, run, Path(tmp)

@@ -413,7 +413,7 @@ def timing_section() -> tuple[list[str], tuple[float, float]]:
         "",
         "Min / median of 7 uncached calls, one process, numpy "
         f"{np.__version__}, Python {platform.python_version()}, on this "
-        f"{describe_machine().cpu} machine with {os.cpu_count()} cores (1-min load average "
+        f"{describe_machine().label} machine with {os.cpu_count()} cores (1-min load average "
         f"{load:.1f} when generated"
         + (": other work was running, so timings are noisy and the min is the better guide)."
            if busy else ")."),

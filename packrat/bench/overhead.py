@@ -71,7 +71,7 @@ def measure(mode: str, seconds: float, requests: int, warm_s: float, text: str, 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # finally blocks stop TorchServe
     results = Results(out)
     run = time.strftime("%Y%m%dT%H%M%S")
-    results.add(run=run, kind="machine", cpu=describe_machine().cpu, cores=len(os.sched_getaffinity(0)),
+    results.add(run=run, kind="machine", cpu=describe_machine().label, cores=len(os.sched_getaffinity(0)),
                 torch=importlib.metadata.version("torch"), load_avg=os.getloadavg(), command=command)
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         tmp = Path(tmp)

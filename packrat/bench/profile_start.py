@@ -57,7 +57,7 @@ def bench_profile_start(models: list[str], rounds: int, how: ProfileRun, out: Pa
 
     store = BENCH_OUT / "profile-start-store"
     store.mkdir(parents=True, exist_ok=True)
-    result = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": describe_machine().cpu,
+    result = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": describe_machine().label,
               "cpus": len(os.sched_getaffinity(0)), "command": command,
               "loadavg_before": os.getloadavg(), "runs": []}
     for model in models:

@@ -186,7 +186,7 @@ def predicted(plan: Plan) -> float | None:
 def machine_info() -> dict[str, Any]:
     m = describe_machine()
     info = {
-        "cpu": m.cpu,
+        "cpu": m.label,
         "flags": list(m.flags),
         "usable_cores": m.cores,
         "memory_gib": m.memory_gib,

@@ -268,7 +268,7 @@ def write(settings: ScaleSettings, rows: list[dict[str, Any]], cores: int) -> di
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()},
             "targets": verdict}
     lines = [f"# Scale check: thin against fat on {cores} cores", "",
-             f"Machine: {head['machine']['cpu']} (flags: {', '.join(head['machine']['flags']) or 'none of interest'}), "
+             f"Machine: {head['machine'].get('label', head['machine']['cpu'])} (flags: {', '.join(head['machine']['flags']) or 'none of interest'}), "
              f"{cores} cores used; fp32-eager; {settings.rounds} interleaved rounds, band = min..max over rounds.", "",
              "| model | B | config | shape | measured ms | predicted ms | gap | fat / this (band) | paper 16-core |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -63,7 +63,7 @@ def machine() -> dict[str, str]:
 
     m = describe_machine()
     return {
-        "cpu": m.cpu,
+        "cpu": m.label,
         "usable cores": str(m.cores),
         "memory": f"{m.memory_gib:.0f} GiB",
         "python": m.python,

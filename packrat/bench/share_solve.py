@@ -38,7 +38,7 @@ def time_division(repeat: int, cores: int, command: str) -> dict:
         division = divide_cores(demands, range(cores))
         runs.append(time.perf_counter() - t0)
     return {
-        "cpu": describe_machine().cpu, "loadavg": os.getloadavg(), "command": command,
+        "cpu": describe_machine().label, "loadavg": os.getloadavg(), "command": command,
         "models": len(BATCHES), "cores": cores, "batches": BATCHES,
         "seconds": [round(x, 4) for x in runs], "max_s": round(max(runs), 4),
         "division": {m: len(c) for m, c in division.shares.items()},

@@ -119,7 +119,7 @@ def _write(out: Path, t_begin: float, rate: float, records: list[dict], holds: l
     durations = sorted(r["duration_s"] for r in records if r.get("duration_s"))
     summary = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t_begin)),
-        "cpu": describe_machine().cpu, "cores": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
+        "cpu": describe_machine().label, "cores": os.cpu_count(), "load_avg_at_end": os.getloadavg(),
         "elapsed_s": round(time.time() - t_begin, 1), "swaps": len(records),
         "swaps_applied": sum(r.get("outcome") == "applied" for r in records),
         "held_batches": len(holds), "rate_per_s": rate,

@@ -197,7 +197,7 @@ def run(models: list[ModelSpec], levels: list[list[int]], phase_s: float,
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "command": command or " ".join(sys.argv),
-        "machine": {"cpu": machine.cpu, "cores": len(rig.cores), "loadavg_start": load_start,
+        "machine": {"cpu": machine.label, "cores": len(rig.cores), "loadavg_start": load_start,
                     "loadavg_end": os.getloadavg()[0]},
         "models": [{"name": s.name, "kind": s.kind, "dir": s.base.name,
                     "fingerprint": asdict(s.profile.fingerprint) if s.profile.fingerprint else None}

@@ -413,7 +413,7 @@ def _run(opts: Options) -> list[dict[str, Any]]:
     log = ResultLog(opts.out_jsonl)
     machine = describe_machine()
     log.append("run", {"command": opts.command or " ".join(sys.argv), "model_dir": str(opts.model_dir),
-                       "machine": f"{machine.cpu}, {machine.cores} cores", "rounds": opts.rounds,
+                       "machine": f"{machine.label}, {machine.cores} cores", "rounds": opts.rounds,
                        "clients": opts.clients, "window_s": opts.window_s, "hold_s": opts.hold_s,
                        "settle_timeout_s": opts.settle_timeout_s, "loadavg_start": os.getloadavg()[0]})
     out = []

@@ -135,7 +135,7 @@ def bench_tuned(models: list[str], batch: int, requests: int, tune_budget_s: flo
     store.mkdir(parents=True, exist_ok=True)
     results = open(out / "results.jsonl", "a")
     cores = sorted(os.sched_getaffinity(0))
-    info = {"cpu": describe_machine().cpu, "cores": len(cores), "batch": batch, "loadavg": os.getloadavg(),
+    info = {"cpu": describe_machine().label, "cores": len(cores), "batch": batch, "loadavg": os.getloadavg(),
             "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     results.write(json.dumps({"kind": "run", **info}) + "\n")
     results.flush()

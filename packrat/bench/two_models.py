@@ -79,7 +79,7 @@ def bench_two_models(models: list[str], clients: int, seconds: float, rounds: in
     store = out / "model-store"
     store.mkdir(parents=True, exist_ok=True)
     cores = list(usable_cores().cores)
-    info = {"cpu": describe_machine().cpu, "cores": len(cores), "clients_per_model": clients, "seconds": seconds,
+    info = {"cpu": describe_machine().label, "cores": len(cores), "clients_per_model": clients, "seconds": seconds,
             "loadavg_start": os.getloadavg(), "command": command,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     results = open(out / "results.jsonl", "a")
