@@ -485,3 +485,71 @@ def test_the_tune_keeps_the_archives_mode_unless_another_is_clearly_faster(
         assert "chosen before fp32-torchscript" in row["kept"] and "3%" in row["kept"]
     else:
         assert "kept" not in row
+
+
+def test_fallback_modes_are_the_refused_bf16_graph_modes_in_fp32() -> None:
+    from packrat.tune.modes import fallback_modes
+
+    no_bf16 = "no avx512_bf16"
+    caps = _caps("image-classification", bf16=no_bf16)
+    modes, skipped = candidate_modes(caps)
+    assert "bf16-openvino" in skipped and "bf16-torchscript" in skipped
+    assert fallback_modes(caps, modes, skipped) == ["fp32-openvino", "fp32-torchscript"]
+    # With native bf16 nothing is refused for it, so nothing stands in.
+    caps_bf16 = _caps("image-classification")
+    assert fallback_modes(caps_bf16, *candidate_modes(caps_bf16)) == []
+    # A runtime that is not here is not a fallback; generation's bf16w runs eager: none.
+    caps = _caps("text-classification", bf16=no_bf16, unavailable={"openvino": "openvino is not installed"})
+    assert fallback_modes(caps, *candidate_modes(caps)) == []
+    caps = _caps("text-generation", bf16=no_bf16)
+    assert fallback_modes(caps, *candidate_modes(caps)) == []
+    # A bf16 mode skipped for another reason than the CPU's bf16 (here: unknown runtime) is not replaced.
+    caps = _caps("text-classification", bf16=no_bf16)
+    assert fallback_modes(caps, ["fp32-eager"], {"bf16-openvino": "something else"}) == []
+
+
+@pytest.mark.parametrize("int8_refused", [True, False])
+def test_without_bf16_fp32_openvino_is_tried_when_every_int8_mode_is_refused(
+        tmp_path: Path, tiny_store: Path, monkeypatch, int8_refused: bool) -> None:
+    """On a CPU without native bf16 (the Zen 3 EPYC) the short list of an encoder is int8 only
+    besides eager; where the guard refuses every int8 mode the model would stay in eager, with
+    OpenVINO's fp32 graph faster. It is tried then, before the archive's own mode, and chosen
+    when faster; when an int8 mode passes it is not tried (its share of the budget stays with
+    the others). The probe and the profiler are stand-ins: a CPU's bf16 and a guard's verdict
+    on a real model cannot be forced here."""
+    import packrat.tune.run as tune_run
+
+    calls: list[tuple[str, float]] = []
+
+    def fake_run_profile(archive, settings, progress=True, on_update=None, log_path=None, on_event=None):
+        section = archive.config["packrat"]
+        mode = f"{section.get('precision', 'fp32')}-{section.get('runtime', 'eager')}"
+        calls.append((mode, settings.budget_s))
+        if mode.startswith("int8") and int8_refused:
+            raise tune_run.ProfileError(f"worker failed: AccuracyGuardError: {mode} refused: top-1 agreement 6/8")
+        if on_event is not None:
+            on_event({"event": "ready", "mode": {"build_s": 0.5, "guard": None}})
+        scale = {"fp32-eager": 10.0, "fp32-openvino": 7.0}.get(mode, 4.0)
+        return replace(_profile(mode, scale), model_id=archive.model_id)
+
+    caps = _caps("text-classification", bf16="no avx512_bf16")
+    monkeypatch.setattr(tune_run, "run_profile", fake_run_profile)
+    monkeypatch.setattr(tune_run, "probe_archive", lambda directory: caps)
+    shutil.copytree(tiny_store / "tiny-bert", tmp_path / "base")
+    tracker = tune_run.Tracker(tmp_path / "state", "m")
+    settings = tune_run.TuneSettings(cores=2, batch=4, budget_s=80.0, max_batch=4)
+    result = tune_run.tune_model(tmp_path / "base", "m", tmp_path / "state", settings, tracker)
+    snap = tracker.snapshot()
+    order = [m for m, _ in calls]
+    if int8_refused:
+        assert order == ["int8-onnxruntime", "int8s-openvino", "fp32-openvino", "fp32-eager"]
+        assert snap["modes"]["int8-onnxruntime"]["state"] == "refused"
+        assert snap["modes"]["fp32-openvino"]["state"] == "profiled"
+        assert snap["fallback"] == ["fp32-openvino"] and "fp32-openvino" in snap["candidates"]
+        assert result.plan.mode == "fp32-openvino"
+        assert calls[2][1] <= 80.0 / 2 + 0.5  # the fallback shared what was left with the own mode
+    else:
+        assert order == ["int8-onnxruntime", "int8s-openvino", "fp32-eager"]
+        assert "fallback" not in snap and "fp32-openvino" not in snap["candidates"]
+        assert result.plan.mode in ("int8-onnxruntime", "int8s-openvino")
+    assert snap["skipped"]["bf16-openvino"] == "no avx512_bf16"

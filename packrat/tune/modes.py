@@ -15,6 +15,15 @@ Without `requested`, the candidates are a short list per task — the modes
 that were fastest in the measurements of docs/modes-benchmark.md — so that
 tuning every demo model fits in minutes on 2 cores; `["all"]` tries every
 supported mode (inductor compiles for about a minute per worker on 2 cores).
+
+    fallback_modes(caps, candidates, skipped) -> fp32 graph modes for bf16 ones refused
+
+On a CPU without native bf16 the short list's bf16 graph modes are refused, and with them the
+graph runtime's own gain; the tune then tries their fp32 counterparts (fp32-openvino,
+fp32-torchscript) when no other candidate could be measured (every int8 mode refused by the
+accuracy guard, say), so that such a model does not stay in eager for want of a mode. They are
+not tried otherwise: each would take a share of the tune's budget from the int8 modes, which
+were faster wherever both were measured.
 """
 
 from __future__ import annotations
@@ -56,6 +65,30 @@ SHORTLIST: dict[str, tuple[str, ...]] = {
     "text-generation": ("bf16w-eager", "int8-eager"),
     "noop": (),  # no model: only the shape is tuned
 }
+
+
+# Measured on the Zen 3 EPYC without bf16 (docs/benchmarks/modes-avx2-epyc.md): ResNet-50
+# fp32-openvino 1.3x fp32 eager at batch 4; int8s-openvino 2.5x.
+FALLBACK_RUNTIMES = ("openvino", "torchscript")
+
+
+def fallback_modes(caps: Capabilities, candidates: Sequence[str], skipped: dict[str, str]) -> list[str]:
+    """fp32 on the runtime of each skipped bf16 mode that was refused for want of native bf16
+    (caps.bf16), where this machine and archive run it and it is not a candidate already."""
+    out: list[str] = []
+    for mode, why in skipped.items():
+        try:
+            parsed = ExecutionMode.parse(mode)
+        except ValueError:
+            continue
+        if parsed.precision not in BF16_PRECISIONS or not caps.bf16 or why != caps.bf16:
+            continue
+        if parsed.runtime not in FALLBACK_RUNTIMES:
+            continue
+        alt = str(ExecutionMode("fp32", parsed.runtime))
+        if alt not in candidates and alt not in out and unsupported(alt, caps) is None:
+            out.append(alt)
+    return out
 
 
 def unsupported(mode: str, caps: Capabilities) -> str | None:

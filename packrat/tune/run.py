@@ -19,6 +19,9 @@
                whose build took half its share or more and left no point, none
                that plans at batch B, or only fat's at B (nothing to compare it
                with), is measured once more at the end (retry_after_cold_build).
+               Where no mode but the archive's own was measured (every int8 mode
+               refused, no native bf16), the fp32 counterparts of the refused bf16
+               graph modes are measured before it (tune.modes.fallback_modes).
 3. choose      packrat.plan.plans_per_mode over the modes' profiles for batch
                B: the first mode, the archive's own listed first, whose
                predicted latency is within MODE_MARGIN (3 %) of the fastest
@@ -52,7 +55,7 @@ from packrat.profile.identity import archive_in_mode
 from packrat.profile.library import HASHES, check_mode_profile, profile_file
 from packrat.profile.probe import probe_archive
 from packrat.profile.shape import shifted, timed_sizes
-from packrat.tune.modes import ALL, candidate_modes
+from packrat.tune.modes import ALL, candidate_modes, fallback_modes
 from packrat.types import Plan, Profile, TunePlanRow, TuneRecord
 
 DEFAULT_BATCH = 8  # planned for when no load has been observed yet
@@ -307,7 +310,17 @@ def tune_model(
     log_dir.mkdir(parents=True, exist_ok=True)
     run = _Run(archive, model, Path(state_dir), settings, tracker, log_dir, started)
     todo, profiles = _settle(run, modes, requested, previous)
-    _measure(run, todo, caps.mode, profiles)
+    spare = [] if requested else fallback_modes(caps, modes, skipped)
+
+    def fallback() -> list[str]:
+        # Nothing but the archive's own mode could be measured: its graph runtimes in fp32.
+        tracker.set(candidates=[*modes, *spare], fallback=spare)
+        modes.extend(spare)
+        more, reused = _settle(run, spare, requested, previous)
+        profiles.update(reused)
+        return more
+
+    _measure(run, todo, caps.mode, profiles, fallback if spare else None)
     result = _choose(run, modes, profiles)
     # The sizes the choice's figures were timed at: the traffic's asked for, the task's own
     # sample's for the other kinds (the chosen mode's profile); why_retune compares them.
@@ -359,21 +372,34 @@ def _sizes_moved(profile: Profile | None, sizes: tuple[tuple[str, int], ...]) ->
     return shifted(timed_sizes(profile), dict(sizes))
 
 
-def _measure(run: _Run, todo: list[str], own_mode: str, profiles: dict[str, Profile]) -> None:
+def _measure(run: _Run, todo: list[str], own_mode: str, profiles: dict[str, Profile],
+             fallback: Callable[[], list[str]] | None = None) -> None:
     """Guard and profile each mode of `todo` within its share of the budget left; adds
-    what was measured to `profiles`."""
+    what was measured to `profiles`. `fallback`: called once, when only the archive's own
+    mode is left to measure (or all is done) and no other mode has a profile, for more modes
+    to measure before it (packrat.tune.modes.fallback_modes)."""
     # The archive's own mode is measured last: it already serves, and it is usually the
     # slowest (its large batches cost the most), so a budget that runs short cuts it first.
     todo.sort(key=lambda m: m == own_mode)
-    for k, mode in enumerate(todo):  # a retried mode is appended: the loop reaches it
+    k = 0
+    while k < len(todo) or fallback is not None:  # a retried mode is appended: the loop reaches it
+        # Decided before the own mode's turn, or at the end while another mode's retry is due.
+        if fallback is not None and (k == len(todo) or (
+                todo[k] == own_mode and all(m == own_mode for m in todo[k:]))):
+            if not set(profiles) - {own_mode}:
+                todo[k:k] = fallback()
+            fallback = None
+            continue
+        mode = todo[k]
+        k += 1
         remaining = run.left()
-        share = remaining / (len(todo) - k)
+        share = remaining / (len(todo) - k + 1)
         if share < MIN_MODE_BUDGET_S:
             run.tracker.mode(mode, state="skipped",
                              reason=f"tuning budget exhausted ({remaining:.0f} s left)")
             continue
-        prof, retry = _turn(run, mode, f"mode {k + 1} of {len(todo)} to measure", share,
-                            first_turn=mode not in todo[:k])
+        prof, retry = _turn(run, mode, f"mode {k} of {len(todo)} to measure", share,
+                            first_turn=mode not in todo[:k - 1])
         # Kept even without a plan at B: a retry that measures less does not lose it.
         if prof is not None and prof.points:
             profiles[mode] = prof
