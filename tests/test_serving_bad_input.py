@@ -52,6 +52,7 @@ def test_bad_input_is_refused_and_worker_survives(server, model, kwargs, status,
     assert r.status_code == status, r.text
     body = r.json()
     assert body["code"] == status and words in body["message"], body
+    assert r.headers.get("content-type", "").startswith("application/json"), r.headers
     assert worker_pids(server, model) == before
     # and the worker still serves good requests
     good = predict(server, model, _good_payload(model))
