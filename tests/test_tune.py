@@ -503,7 +503,7 @@ def test_fallback_modes_are_the_refused_bf16_graph_modes_in_fp32() -> None:
     assert fallback_modes(caps, *candidate_modes(caps)) == []
     caps = _caps("text-generation", bf16=no_bf16)
     assert fallback_modes(caps, *candidate_modes(caps)) == []
-    # A bf16 mode skipped for another reason than the CPU's bf16 (here: unknown runtime) is not replaced.
+    # A bf16 mode skipped for another reason than the CPU's lack of bf16 is not replaced.
     caps = _caps("text-classification", bf16=no_bf16)
     assert fallback_modes(caps, ["fp32-eager"], {"bf16-openvino": "something else"}) == []
 

@@ -16,7 +16,8 @@ content type application/json: TorchServe 0.12 encodes any other object with
 json.dumps(indent=2), which runs the pure-Python encoder. For MiniLM's 384-float
 embeddings that took 11 % of a served worker's time on the Zen 3 EPYC, and json's C
 encoder still 8 % (py-spy, docs/benchmarks/code-ab-json-encode-minilm8.md); orjson
-writes the same shortest float reprs 10x faster (119 us a batch of 4 against 1245).
+writes the same values (each float's shortest round-trip digits) 10x faster (119 us a
+batch of 4 against 1245, docs/benchmarks/code-ab-orjson-minilm8.md).
 """
 
 from __future__ import annotations

@@ -83,6 +83,10 @@ def memory_gib() -> float:
 
 
 def describe_machine() -> Machine:
-    return Machine(cpu=cpu_model(), flags=cpu_flags(), cores=len(os.sched_getaffinity(0)),
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    return Machine(cpu=cpu_model(), flags=cpu_flags(cpuinfo), cores=len(os.sched_getaffinity(0)),
                    cpus=os.cpu_count() or 0, memory_gib=memory_gib(), python=platform.python_version(),
-                   family_model=family_model())
+                   family_model=family_model(cpuinfo))
