@@ -49,13 +49,8 @@ def isa_summary(flags: tuple[str, ...] | list[str]) -> str:
     return ", ".join(parts)
 
 
-def family_model(cpuinfo: str | None = None) -> str:
-    """"family F model M" of the first CPU in /proc/cpuinfo (or the given text), or ""."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return ""
+def family_model(cpuinfo: str) -> str:
+    """"family F model M" of the first CPU in /proc/cpuinfo's text, or ""."""
     fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         if not line.strip():
@@ -66,13 +61,16 @@ def family_model(cpuinfo: str | None = None) -> str:
     return f"family {fam} model {model}" if fam and model else ""
 
 
-def cpu_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
-    """FLAGS_OF_INTEREST the first CPU in /proc/cpuinfo (or the given text) lists."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return ()
+def read_cpuinfo() -> str:
+    """/proc/cpuinfo's text ("" where there is none), read once per description."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def cpu_flags(cpuinfo: str) -> tuple[str, ...]:
+    """FLAGS_OF_INTEREST the first CPU in /proc/cpuinfo's text lists."""
     line = next((ln for ln in cpuinfo.splitlines() if ln.startswith("flags")), "")
     have = set(line.split(":", 1)[-1].split())
     return tuple(f for f in FLAGS_OF_INTEREST if f in have)
@@ -83,10 +81,7 @@ def memory_gib() -> float:
 
 
 def describe_machine() -> Machine:
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        cpuinfo = ""
+    cpuinfo = read_cpuinfo()
     return Machine(cpu=cpu_model(), flags=cpu_flags(cpuinfo), cores=len(os.sched_getaffinity(0)),
                    cpus=os.cpu_count() or 0, memory_gib=memory_gib(), python=platform.python_version(),
                    family_model=family_model(cpuinfo))
