@@ -53,6 +53,35 @@ def test_sample_text_has_the_full_sequence_length(tiny_store) -> None:
     assert task.max_length - 3 <= batch.inputs["input_ids"].shape[1] <= task.max_length
 
 
+@pytest.mark.parametrize("name", ["tiny-bert", "minilm"])
+def test_texts_of_mixed_lengths_are_padded_and_masked_and_answer_as_alone(tiny_store, name) -> None:
+    import torch
+
+    task = load(tiny_store / name)
+    texts = ["short", "a somewhat longer text than the first one", "", "mid length text"]
+    batch = task.preprocess([{"body": t.encode()} for t in texts])
+    assert batch.valid == [0, 1, 3] and 2 in batch.errors  # the empty text fails alone
+    ids, mask = batch.inputs["input_ids"], batch.inputs["attention_mask"]
+    assert ids.dtype == mask.dtype == torch.long
+    rows = [task.tokenizer(t, add_special_tokens=True).input_ids for t in (texts[0], texts[1], texts[3])]
+    length = max(map(len, rows))
+    assert tuple(ids.shape) == tuple(mask.shape) == (3, length)
+    pad = task.tokenizer.pad_token_id or 0
+    for r, row in enumerate(rows):
+        assert ids[r].tolist() == row + [pad] * (length - len(row))
+        assert mask[r].tolist() == [1] * len(row) + [0] * (length - len(row))
+    together = task.run([{"body": t.encode()} for t in texts])
+    for i in (0, 1, 3):
+        alone = task.run([{"body": texts[i].encode()}])[0]
+        assert _numbers(together[i]) == pytest.approx(_numbers(alone), abs=1e-5)
+
+
+def _numbers(answer: dict) -> list[float]:
+    """Every number of a text task's answer (scores or an embedding), in order."""
+    values = answer.get("embedding") or list(answer["scores"].values())
+    return [float(v) for v in values]
+
+
 def test_all_bad_batch_skips_the_model(tiny_store) -> None:
     task = load(tiny_store / "tiny-bert")
     out = task.run([{"body": b""}, {"body": b"\xff"}])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from packrat_tasks.base import (
@@ -91,13 +92,15 @@ class _TextTask(Task):
         return ids
 
     def _encode(self, rows: list[list[int]], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # Filled in numpy, handed to torch without a copy: a torch op per row cost
+        # 72 us a batch of four 7-token texts on an AMD EPYC Zen 3, numpy 8 us.
         pad = self.tokenizer.pad_token_id or 0
-        ids = torch.full((len(rows), length), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        ids = np.full((len(rows), length), pad, dtype=np.int64)
+        mask = np.zeros((len(rows), length), dtype=np.int64)
         for r, row in enumerate(rows):
-            ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
+            ids[r, : len(row)] = row
             mask[r, : len(row)] = 1
-        return ids, mask
+        return torch.from_numpy(ids), torch.from_numpy(mask)
 
     def collate(self, batch: Batch) -> None:
         rows = [batch.items[i] for i in batch.valid]
