@@ -16,6 +16,7 @@ import pytest
 import requests
 from PIL import Image
 
+from packrat.bench.proc_cpu import comm, group_members
 from packrat.errors import TorchServeError
 from packrat.forkserver import write_shim
 from packrat.server import DEFAULT_CONFIG, Ports, RunningServer, render_properties
@@ -26,7 +27,8 @@ from waiting import wait_until
 WORKER = """\
 import json, os, sys, time
 print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, "cwd": os.getcwd(),
-                  "flavour": os.environ.get("FLAVOUR"), "path": sys.path[:2]}), flush=True)
+                  "flavour": os.environ.get("FLAVOUR"), "path": sys.path[:2],
+                  "nice": os.getpriority(os.PRIO_PROCESS, 0)}), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if sys.argv[1] == "sleep":
     time.sleep(120)
@@ -46,6 +48,12 @@ def _wait_gone(pid: int, timeout_s: float = 60.0) -> bool:
     while process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not process_alive(pid)
+
+
+def _nice_of(pid: int, tid: str) -> int:
+    # /proc/<pid>/task/<tid>/stat: the 19th field is the thread's nice (after "(comm)").
+    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])
 
 
 def _healthy(server: RunningServer) -> bool:
@@ -233,6 +241,50 @@ def test_the_shim_runs_python_itself_when_the_fork_server_is_gone_or_declines(fo
     assert json.loads(out)["pid"] == cold.pid
 
 
+def test_a_worker_the_shim_starts_itself_goes_back_to_the_workers_nice(fork_server, tmp_path) -> None:
+    # Where the frontend runs favoured (launch.favour_frontend), the shim inherits its nice;
+    # a worker it execs itself (the fork server declined) must not keep it.
+    _, _, script = fork_server
+    workers_nice = os.getpriority(os.PRIO_PROCESS, 0) + 2
+    shim = tmp_path / "python-nice"
+    assert write_shim(shim, sys.executable, str(tmp_path / "sock"), worker_nice=workers_nice)
+    declined = _start(shim, script, "0", env={**os.environ, "PYTHONHASHSEED": "7"})
+    out, _ = declined.communicate(timeout=60)
+    seen = json.loads(out)
+    assert seen["pid"] == declined.pid and seen["nice"] == workers_nice
+    forked = _start(shim, script, "0")  # the fork server's worker has the fork server's nice
+    assert json.loads(forked.communicate(timeout=60)[0])["nice"] == os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def _favour(levels: int, *wrapper: str) -> tuple[str, int]:
+    """favour_frontend(levels) in a fresh process (so this one keeps its nice): message, nice after."""
+    code = ("import os, sys; from packrat.forkserver.launch import favour_frontend; "
+            f"print(favour_frontend({levels})); print(os.getpriority(os.PRIO_PROCESS, 0))")
+    done = subprocess.run([*wrapper, sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    message, nice = done.stdout.strip().splitlines()
+    return message, int(nice)
+
+
+def test_favour_frontend_lowers_the_nice_where_it_may_and_says_so_where_it_may_not() -> None:
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    message, nice = _favour(0)
+    assert nice == base and "PACKRAT_FRONTEND_NICE=0" in message
+    if os.geteuid() == 0:
+        message, nice = _favour(3)
+        assert nice == max(-20, base - 3)
+        assert message == f"TorchServe's frontend at nice {nice}, its workers at {base}"
+        # Without the privilege (another user, no capabilities) it stays, and says why.
+        message, nice = _favour(3, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                "--inh-caps=-all", "--bounding-set=-all")
+        assert nice == base and "needs root or CAP_SYS_NICE" in message
+    with pytest.raises(ValueError, match="between 0 and 20"):
+        from packrat.forkserver.launch import favour_frontend
+
+        favour_frontend(21)
+
+
 @pytest.fixture
 def resnet_restored(torchserve):
     """The session server's tiny-resnet, registered for the test and put back as it was
@@ -263,6 +315,14 @@ def test_torchserve_workers_are_forked_and_scaled_down_with_their_shims(resnet_r
     # One thread: a fork copies only the forking thread, so no other may hold a lock then
     # (numpy's OpenBLAS server thread would; the fork server starts it with one thread).
     assert len(os.listdir(f"/proc/{fork_server}/task")) == 1
+    # The frontend runs favoured where the launcher may lower its nice (root here, in CI):
+    # every JVM thread 10 levels (PACKRAT_FRONTEND_NICE's default) above the worker.
+    java = next(pid for pid in group_members(torchserve.pid) if comm(pid) == "java")
+    jvm_nices = {_nice_of(java, tid) for tid in os.listdir(f"/proc/{java}/task")}
+    worker_nice = os.getpriority(os.PRIO_PROCESS, worker["pid"])
+    assert worker_nice == os.getpriority(os.PRIO_PROCESS, 0)
+    if os.geteuid() == 0:
+        assert jvm_nices == {max(-20, worker_nice - 10)}, jvm_nices
     picture = io.BytesIO()
     Image.new("RGB", (64, 48), (200, 30, 90)).save(picture, format="JPEG")
     r = requests.post(f"{torchserve.inference_url}/predictions/tiny-resnet", data=picture.getvalue(),

@@ -40,16 +40,19 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
     return settings.value("forkserver", env=environ)  # $PACKRAT_FORKSERVER, on unless 0/false/no/off
 
 
-def write_shim(path: Path, real_python: str, socket_path: str) -> bool:
+def write_shim(path: Path, real_python: str, socket_path: str, worker_nice: int | None = None) -> bool:
     """Write TorchServe's `python` for workers at `path`; False if the kernel could not run it.
 
     `-S -E`: the shim needs only the standard library, so it skips site and the
     environment (TorchServe's PYTHONPATH) to start in tens of milliseconds.
+    `worker_nice`: the nice a worker the shim starts itself (the fork server's fallback)
+    goes back to, where the frontend runs favoured (launch.favour_frontend): the worker
+    would otherwise inherit the frontend's.
     """
     shebang = f"#!{real_python} -SE"
     if " " in real_python or len(shebang) > _SHEBANG_MAX:
         return False
     source = SHIM_SOURCE.read_text()
-    path.write_text(f"{shebang}\n{source}\n\nmain({real_python!r}, {socket_path!r})\n")
+    path.write_text(f"{shebang}\n{source}\n\nmain({real_python!r}, {socket_path!r}, {worker_nice!r})\n")
     path.chmod(0o700)
     return True

@@ -16,11 +16,15 @@ import struct
 import sys
 
 
-def _exec_python(real_python: str, argv: list) -> None:
+def _exec_python(real_python: str, argv: list, worker_nice=None) -> None:
+    # Started by the frontend, this process has the frontend's nice; a worker runs at the
+    # workers' (raising a nice needs no privilege).
+    if worker_nice is not None and os.getpriority(os.PRIO_PROCESS, 0) < worker_nice:
+        os.setpriority(os.PRIO_PROCESS, 0, worker_nice)
     os.execv(real_python, [real_python, *argv])
 
 
-def main(real_python: str, socket_path: str) -> None:
+def main(real_python: str, socket_path: str, worker_nice=None) -> None:
     argv = sys.argv[1:]
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -34,7 +38,7 @@ def main(real_python: str, socket_path: str) -> None:
         first = {}
     if "pid" not in first:  # no fork server, or it declined: what TorchServe would do itself
         sock.close()
-        _exec_python(real_python, argv)
+        _exec_python(real_python, argv, worker_nice)
 
     def forward(signum, _frame):
         try:
