@@ -84,8 +84,9 @@ def favour_frontend(levels: int) -> str:
     Why: on cores the workers keep busy, the frontend's threads that take a batch's answer
     from a worker, write the HTTP responses and hand the worker its next batch otherwise wait
     for a worker's time slice each time they wake, and the worker waits for them (measured:
-    docs/benchmarks/efficiency-avx2-epyc.md). They use little CPU, so favouring them takes
-    little from the workers. Lowering a nice needs root or CAP_SYS_NICE (or RLIMIT_NICE).
+    docs/benchmarks/efficiency-avx2-epyc.md, code-ab-frontend-nice-minilm8.md). They use little
+    CPU, so favouring them takes little from the workers. Lowering a nice needs root or
+    CAP_SYS_NICE (or RLIMIT_NICE).
     """
     if not 0 <= levels <= 20:
         raise ValueError(f"frontend_nice must be between 0 and 20, got {levels}")
