@@ -80,8 +80,8 @@ _TABLE: tuple[Setting, ...] = (
             "the priority alone)", env="PACKRAT_LOAD_NICE"),
     Setting("frontend_nice", int, 10, "nice levels TorchServe's frontend runs above its workers when "
             "packrat-torchserve starts it with the fork server (make run, packrat serve too): the JVM's "
-            "threads, which hand each batch to a worker and its answers to the clients, then run when they "
-            "wake instead of after a worker's time slice; needs root or CAP_SYS_NICE, else the frontend "
+            "threads, which hand each batch to a worker and its answers to the clients, then need not wait "
+            "for a worker's time slice when they wake; needs root or CAP_SYS_NICE, else the frontend "
             "stays as it is; 0..20 (0: leave it)", env="PACKRAT_FRONTEND_NICE"),
     Setting("forkserver", bool, True, "fork TorchServe's workers and the profiler's from a warm "
             "interpreter (0: start each one in a new interpreter)", env="PACKRAT_FORKSERVER"),

@@ -81,11 +81,12 @@ def favour_frontend(levels: int) -> str:
     """Lower this thread's nice by `levels` (0..20) before it starts TorchServe's JVM, whose
     threads inherit it; what was done, in words.
 
-    Why: on cores the workers keep busy, the frontend's threads that take a batch's answer
-    from a worker, write the HTTP responses and hand the worker its next batch otherwise wait
-    for a worker's time slice each time they wake, and the worker waits for them (measured:
-    docs/benchmarks/efficiency-avx2-epyc.md, code-ab-frontend-nice-minilm8.md). They use little
-    CPU, so favouring them takes little from the workers. Lowering a nice needs root or
+    Why: each worker waits on the frontend between batches (measured with perf trace:
+    docs/benchmarks/efficiency-avx2-epyc.md), and on cores the workers keep busy the frontend's
+    threads that take a batch's answer, write the HTTP responses and hand the next batch over
+    may wait for a worker's time slice when they wake. They use little CPU, so favouring them
+    takes little from the workers (served 1.055x and 1.000x side by side:
+    code-ab-frontend-nice-minilm8.md, code-ab-frontend-nice-bert8.md). Lowering a nice needs root or
     CAP_SYS_NICE (or RLIMIT_NICE).
     """
     if not 0 <= levels <= 20:
