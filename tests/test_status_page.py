@@ -81,9 +81,33 @@ def wait_for(what, timeout_s: float = 60.0, step_s: float = 0.25):
 
 
 def texts(driver, css: str) -> list[str]:
+    """The text of every element `css` selects, read again if the page re-rendered one of
+    them between the find and the read (its poll replaces a model's section)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
+    def read() -> tuple[list[str]] | None:  # a tuple: an empty list is an answer too
+        try:
+            return ([e.text for e in driver.find_elements(By.CSS_SELECTOR, css)],)
+        except StaleElementReferenceException:
+            return None
+
+    return wait_for(read, timeout_s=10, step_s=0.05)[0]
+
+
+def click(driver, css: str) -> None:
+    """Click the element `css` selects, found again if the page re-rendered it first."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def attempt() -> bool:
+        try:
+            driver.find_element(By.CSS_SELECTOR, css).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    wait_for(attempt, timeout_s=10, step_s=0.05)
 
 
 def type_key(driver, key: str) -> None:
@@ -92,7 +116,7 @@ def type_key(driver, key: str) -> None:
     box = driver.find_element(By.ID, "key")
     box.clear()
     box.send_keys(key)
-    driver.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
+    click(driver, "#key-form button[type=submit]")
 
 
 def test_page_files_are_static_and_write_no_markup_from_strings() -> None:

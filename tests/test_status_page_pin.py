@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from serving_support import noop_with_controller
-from test_status_page import browser, texts, type_key, wait_for  # noqa: F401 (browser: a fixture)
+from test_status_page import browser, click, texts, type_key, wait_for  # noqa: F401 (browser: a fixture)
 
 MODEL = "pin-echo"
 SHAPE = "2 × 1t/b2"
@@ -50,12 +50,12 @@ def test_the_page_shows_the_pin_and_its_button_changes_it(stack, browser) -> Non
     section = f"section.model[data-model='{MODEL}']"
     wait_for(lambda: [t.split(" since ")[0] for t in texts(driver, f"{section} dd.pin")] == [f"pinned: {mode} {SHAPE}"])
 
-    driver.find_element(By.CSS_SELECTOR, f"{section} button.pin-button").click()
+    click(driver, f"{section} button.pin-button")
     wait_for(lambda: texts(driver, f"{section} dd.pin") == ["not pinned"])
     assert _pin(ctl) is None
     assert texts(driver, f"{section} button.pin-button") == ["Pin what is live"]
 
-    driver.find_element(By.CSS_SELECTOR, f"{section} button.pin-button").click()
+    click(driver, f"{section} button.pin-button")
     wait_for(lambda: texts(driver, f"{section} dd.pin")[0].startswith(f"pinned: {mode} {SHAPE}"))
     pin = _pin(ctl)
     assert pin is not None and pin["mode"] == mode
