@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from packrat import settings
+from packrat.worker_messages import REQUEST_LINE
 
 LOG_CONFIG = Path(__file__).with_name("log4j2.xml")
 # A path to another log4j2 file, or "torchserve" for TorchServe's built-in configuration
@@ -80,7 +81,7 @@ def _value_of(args: list[str], flag: str) -> str | None:
 # reads it from the worker's stdout only to drop it (packrat/log4j2.xml) or copy it
 # into model_log.log. The worker's [METRICS] lines, which the frontend turns into
 # Prometheus metrics, are left alone.
-WORKER_REQUEST_LINE = "Backend received inference at: %d"
+WORKER_REQUEST_LINE = REQUEST_LINE
 
 
 class _DropRequestLine(logging.Filter):
@@ -98,3 +99,8 @@ def quiet_worker_request_lines(env: dict[str, str] | None = None) -> bool:
     if not any(isinstance(f, _DropRequestLine) for f in root.filters):
         root.addFilter(_DropRequestLine())
     return True
+
+
+def worker_request_lines_quiet() -> bool:
+    """True when this worker drops its per-request line (quiet_worker_request_lines ran)."""
+    return any(isinstance(f, _DropRequestLine) for f in logging.getLogger().filters)

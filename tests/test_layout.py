@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS: dict[str, int] = {
     "packrat.types": 0,  # frozen values that cross stage boundaries
     "packrat.settings": 0,  # the settings table: every PACKRAT_* variable, shared CLI defaults (stdlib only; tslog reads it)
+    "packrat.worker_messages": 0,  # the frontend's messages as a worker reads them (stdlib only; slots reads, tslog names its line)
     "packrat.listener": 0,  # who listens on a loopback port (/proc/net/tcp): the key goes to our own user only
     "packrat.errors": 1,  # the one exception tree (SwapError carries a types.SwapRecord)
     "packrat.cpulist": 1,  # the kernel's CPU list format (slots and cores read it)

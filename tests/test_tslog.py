@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from packrat.tslog import ENV, LOG_CONFIG, quiet_worker_request_lines, with_log_config
+from packrat.tslog import ENV, LOG_CONFIG, quiet_worker_request_lines, with_log_config, worker_request_lines_quiet
 from serving_support import ensure_registered
 
 START = ["--start", "--foreground", "--ts-config"]
@@ -71,7 +71,9 @@ def test_worker_request_line_is_dropped_at_the_source(root_filters, caplog) -> N
     assert "Backend received inference at" in caplog.text  # TorchServe's line, as it writes it
     caplog.clear()
     before = len(root_filters.filters)
+    assert not worker_request_lines_quiet()
     assert quiet_worker_request_lines(env={}) and quiet_worker_request_lines(env={})
+    assert worker_request_lines_quiet()  # so the worker's own reader makes no record of it
     assert len(root_filters.filters) == before + 1  # a second call adds none
     _worker_reads_a_request()
     logging.info("Torch worker started.")  # the worker's other root lines pass
@@ -83,6 +85,7 @@ def test_worker_request_line_is_dropped_at_the_source(root_filters, caplog) -> N
 def test_worker_request_line_stays_with_torchserves_logging(root_filters, caplog) -> None:
     caplog.set_level(logging.INFO)
     assert not quiet_worker_request_lines(env={ENV: "torchserve"})
+    assert not worker_request_lines_quiet()  # the worker's own reader logs the line then
     _worker_reads_a_request()
     assert "Backend received inference at" in caplog.text
 
