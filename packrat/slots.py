@@ -499,8 +499,8 @@ def _track_batches() -> None:
             if status is not None and status.in_flight:
                 status.batch_done()
             # The load message came through the socket itself (this is installed while the
-            # model loads), so no byte of it is left in a buffer. TorchServe's parser is
-            # replaced by one that reads the same messages at a third of its cost.
+            # model loads), so no byte of it is left in a buffer. read_message gives what
+            # TorchServe's parser gives at under half its cost (docs/live-plans.md).
             return read_message(_frontend_reader(conn), log_request_line=not worker_request_lines_quiet())
 
         main.retrieve_msg = retrieve_msg  # type: ignore[union-attr]

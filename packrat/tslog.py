@@ -76,17 +76,16 @@ def _value_of(args: list[str], flag: str) -> str | None:
     return None
 
 
-# TorchServe 0.12's worker logs this at info for every request it reads
-# (ts/protocol/otf_message_handler.py, through the root logger, to stdout); the frontend
-# reads it from the worker's stdout only to drop it (packrat/log4j2.xml) or copy it
-# into model_log.log. The worker's [METRICS] lines, which the frontend turns into
-# Prometheus metrics, are left alone.
-WORKER_REQUEST_LINE = REQUEST_LINE
+# REQUEST_LINE: TorchServe 0.12's worker logs it at info for every message it reads
+# (ts/protocol/otf_message_handler.py, and packrat.worker_messages as it does, through the
+# root logger, to stdout); the frontend reads it from the worker's stdout only to drop it
+# (packrat/log4j2.xml) or copy it into model_log.log. The worker's [METRICS] lines, which
+# the frontend turns into Prometheus metrics, are left alone.
 
 
 class _DropRequestLine(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg != WORKER_REQUEST_LINE
+        return record.msg != REQUEST_LINE
 
 
 def quiet_worker_request_lines(env: dict[str, str] | None = None) -> bool:
