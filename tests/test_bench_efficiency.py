@@ -146,6 +146,9 @@ def test_efficiency_on_a_tiny_model_every_row_positive_and_ratios_are_quotients(
     assert summarise(rows) == {k: v for k, v in summary.items() if k in ("levels", "ratios", "cpu", "peer_cpu")}
     assert f"served/handler = {med['served'] / med['handler']:.3f}" in summary_md
     assert f"handler/raw = {med['handler'] / med['raw']:.3f}" in summary_md
+    for r in sorted({row["round"] for row in rows if "round" in row}):  # each round's served / raw
+        fig = {row["kind"]: row["items_per_s"] for row in rows if row.get("round") == r}
+        assert f"| {fig['served'] / fig['raw']:.3f} | {fig['served'] / fig['handler']:.3f} |" in summary_md, r
     assert describe_machine().cpu in summary_md and "| frontend JVM |" in summary_md
     if not peer:  # the run said why it has no peer level, and the summary does too
         assert rows[0]["peer_skipped"] == peer_missing() and f"| peer | skipped: {peer_missing()} |" in summary_md

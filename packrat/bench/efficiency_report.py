@@ -129,14 +129,15 @@ def _peer_what(rows: list[dict[str, Any]], clients: int | None) -> str:
 
 
 def _rounds(rows: list[dict[str, Any]]) -> list[str]:
-    out = ["| round | raw items/s | handler items/s | served items/s | served p50 ms | served / handler "
-           "| peer items/s | served / peer |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| round | raw items/s | handler items/s | served items/s | served p50 ms | served / raw "
+           "| served / handler | peer items/s | served / peer |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted({row["round"] for row in rows if "round" in row}):
         got = {row["kind"]: row for row in rows if row.get("round") == r}
         fig = {k: got[k]["items_per_s"] if k in got else None for k in LEVELS}
         out.append(f"| {r} | {_f(fig['raw'], 1)} | {_f(fig['handler'], 1)} | {_f(fig['served'], 1)} | "
-                   f"{_f(got.get('served', {}).get('p50_ms'))} | {_f(_ratio(fig['served'], fig['handler']), 3)} | "
+                   f"{_f(got.get('served', {}).get('p50_ms'))} | {_f(_ratio(fig['served'], fig['raw']), 3)} | "
+                   f"{_f(_ratio(fig['served'], fig['handler']), 3)} | "
                    f"{_f(fig['peer'], 1)} | {_f(_ratio(fig['served'], fig['peer']), 3)} |")
     return out
 
