@@ -217,7 +217,14 @@ def test_the_bench_times_each_reader_on_each_message(tmp_path) -> None:
 
     from packrat.bench.message_parse import MESSAGES, run
 
-    md = run(tmp_path / "wm", "python scripts/bench_worker_messages.py", rounds=2, calls=5)
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(logging.INFO)  # as a caller that logs at info has it
+    try:
+        md = run(tmp_path / "wm", "python scripts/bench_worker_messages.py", rounds=2, calls=5)
+        assert root.level == logging.INFO  # the bench quiets TorchServe's info lines only while it times
+    finally:
+        root.setLevel(before)
     records = [json.loads(line) for line in md.with_suffix(".jsonl").read_text().splitlines()]
     rows = [r for r in records if r.get("kind") != "run"]
     assert {(r["message"], r["reader"]) for r in rows} == {

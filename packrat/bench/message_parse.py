@@ -84,11 +84,21 @@ def measure(rounds: int = 5, calls: int = 1000, warm: int = 200) -> list[dict[st
     """A row per (message, reader, round): the median microseconds a message."""
     import logging
 
-    logging.getLogger().setLevel(logging.WARNING)  # TorchServe's parser logs a line a message at info
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.WARNING)  # TorchServe's parser logs a line a message at info
+    try:
+        return _measure(rounds, calls, warm)
+    finally:
+        root.setLevel(level)  # the caller's logging as it was
+
+
+def _measure(rounds: int, calls: int, warm: int) -> list[dict[str, Any]]:
     rows = []
+    readers = _readers()
     for message_name, message in MESSAGES.items():
         for r in range(rounds):
-            for reader_name, make in _readers().items():
+            for reader_name, make in readers.items():
                 a, b = socket.socketpair()
                 b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
                 try:
