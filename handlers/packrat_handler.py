@@ -45,9 +45,10 @@ def initialize(context: Context) -> None:
     import time
 
     from packrat.slots import claim_and_pin, lowered_priority, report_startup
-    from packrat.tslog import quiet_worker_request_lines
+    from packrat.tslog import quiet_worker_request_lines, thin_prediction_metric
 
     quiet_worker_request_lines()  # one stdout line per request less for worker and frontend
+    thin_prediction_metric(getattr(context, "metrics", None))  # and the metric line a batch: one a second
     claim_and_pin(context.model_yaml_config)
     t0 = time.perf_counter()
     with lowered_priority():  # PACKRAT_LOAD_NICE: yield to the serving version while loading

@@ -1,5 +1,6 @@
 """Which log configuration TorchServe's frontend starts with, and which per-request
-line its Python workers leave out.
+lines its Python workers leave out (the request line; all but one PredictionTime metric
+line a second).
 
 TorchServe 0.12's built-in log4j2 configuration logs its own classes at debug and
 writes each line up to three times (ts_log.log twice, the console once), about ten
@@ -17,7 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from packrat import settings
 from packrat.worker_messages import REQUEST_LINE
@@ -103,3 +107,53 @@ def quiet_worker_request_lines(env: dict[str, str] | None = None) -> bool:
 def worker_request_lines_quiet() -> bool:
     """True when this worker drops its per-request line (quiet_worker_request_lines ran)."""
     return any(isinstance(f, _DropRequestLine) for f in logging.getLogger().filters)
+
+
+# TorchServe 0.12's worker adds its PredictionTime metric after every batch
+# (ts/service.py): one "[METRICS]" line to stdout, a pipe write that wakes the frontend's
+# reader thread, which matches, logs (packrat/log4j2.xml drops it), parses and sets a
+# Prometheus gauge: the last batch's time. On a fast model that is one more wake-up on
+# the workers' cores a batch and 1-2 % of a served worker's samples (py-spy, MiniLM at 8
+# tokens: docs/benchmarks/efficiency-avx2-epyc.md). A scrape every few seconds sees the
+# same gauge from one line a second.
+PREDICTION_METRIC = "PredictionTime"
+
+
+class ThinnedTimeMetric:
+    """A worker metrics cache's add_time that adds `name` at most once every `every_s`
+    seconds (the first time always; other metrics pass through): installed over the
+    cache's own by thin_prediction_metric(). `skipped` counts what it left out."""
+
+    def __init__(self, add_time: Callable[..., Any], every_s: float, name: str = PREDICTION_METRIC,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.add_time, self.every_s, self.name, self.clock = add_time, every_s, name, clock
+        self.last: float | None = None
+        self.skipped = 0
+
+    def __call__(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == self.name:
+            now = self.clock()
+            if self.last is not None and now - self.last < self.every_s:
+                self.skipped += 1
+                return None
+            self.last = now
+        return self.add_time(name, *args, **kwargs)
+
+
+def thin_prediction_metric(metrics: Any, every_s: float | None = None) -> bool:
+    """In a TorchServe worker: let `metrics` (its context's metrics cache) write the
+    PredictionTime line at most once every `every_s` seconds (None: the
+    prediction_metric_s setting; 0 leaves TorchServe's line a batch). True when thinned
+    (now or before)."""
+    if every_s is None:
+        try:
+            every_s = settings.value("prediction_metric_s")
+        except settings.SettingError:  # a worker must serve anyway: a bad value counts as unset
+            every_s = settings.get("prediction_metric_s").default
+    add_time = getattr(metrics, "add_time", None)
+    if isinstance(add_time, ThinnedTimeMetric):
+        return True
+    if not every_s or every_s <= 0 or add_time is None:
+        return False
+    metrics.add_time = ThinnedTimeMetric(add_time, float(every_s))
+    return True

@@ -14,8 +14,17 @@ from pathlib import Path
 import pytest
 import requests
 
-from packrat.tslog import ENV, LOG_CONFIG, quiet_worker_request_lines, with_log_config, worker_request_lines_quiet
-from serving_support import ensure_registered
+from packrat.tslog import (
+    ENV,
+    LOG_CONFIG,
+    PREDICTION_METRIC,
+    ThinnedTimeMetric,
+    quiet_worker_request_lines,
+    thin_prediction_metric,
+    with_log_config,
+    worker_request_lines_quiet,
+)
+from serving_support import ensure_registered, start_server
 
 START = ["--start", "--foreground", "--ts-config"]
 
@@ -140,3 +149,94 @@ def test_requests_leave_only_the_access_log_line(torchserve) -> None:
     # The counters the controller's observer reads come from the frontend, not the logs.
     metrics = requests.get(f"{torchserve.metrics_url}/metrics", timeout=30).text
     assert re.search(r'ts_inference_latency_microseconds\{model_name="noop"', metrics)
+    # The worker's PredictionTime gauge too (its lines thinned to one a second, not dropped).
+    assert re.search(r'PredictionTime\{ModelName="noop"', metrics)
+
+
+def _worker_metrics_cache():
+    """The metrics cache TorchServe 0.12's worker builds (its own class, its default
+    metrics.yaml), as ts/service.py's predict() leaves it before adding PredictionTime."""
+    import ts
+    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+    cache = MetricsCacheYamlImpl(config_file_path=str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    cache.initialize_cache()
+    cache.model_name, cache.request_ids = "m", {0: "req-0"}
+    return cache
+
+
+def _metric_lines(caplog, name: str) -> int:
+    return sum(r.getMessage().startswith(f"[METRICS]{name}.") for r in caplog.records)
+
+
+def test_prediction_metric_is_written_at_most_once_an_interval(caplog) -> None:
+    from ts.service import PREDICTION_METRIC as TS_NAME
+
+    assert PREDICTION_METRIC == TS_NAME  # the name TorchServe's predict() adds
+    caplog.set_level(logging.INFO)
+    cache = _worker_metrics_cache()
+    now = [100.0]
+    thinned = ThinnedTimeMetric(cache.add_time, 1.0, clock=lambda: now[0])
+    cache.add_time = thinned
+    for t in (100.0, 100.2, 100.9, 101.0, 101.5, 103.0):  # a batch at each time
+        now[0] = t
+        cache.add_time(PREDICTION_METRIC, t)
+        cache.add_time("HandlerTime", t)  # any other metric: every time
+    assert _metric_lines(caplog, PREDICTION_METRIC) == 3  # at 100.0, 101.0 and 103.0
+    assert _metric_lines(caplog, "HandlerTime") == 6
+    assert thinned.skipped == 3
+    written = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[METRICS]PredictionTime")]
+    assert [w.split(":")[1].split("|")[0] for w in written] == ["100.0", "101.0", "103.0"]
+
+
+def test_thin_prediction_metric_follows_its_setting(monkeypatch, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    env = "PACKRAT_PREDICTION_METRIC_S"
+    monkeypatch.setenv(env, "0")  # TorchServe's line a batch
+    cache = _worker_metrics_cache()
+    assert not thin_prediction_metric(cache)
+    for _ in range(5):
+        cache.add_time(PREDICTION_METRIC, 1.0)
+    assert _metric_lines(caplog, PREDICTION_METRIC) == 5
+    caplog.clear()
+    monkeypatch.setenv(env, "30")
+    assert thin_prediction_metric(cache)
+    assert thin_prediction_metric(cache) and not isinstance(cache.add_time.add_time, ThinnedTimeMetric)
+    assert cache.add_time.every_s == 30.0
+    for _ in range(5):
+        cache.add_time(PREDICTION_METRIC, 1.0)
+    assert _metric_lines(caplog, PREDICTION_METRIC) == 1
+    monkeypatch.setenv(env, "often")  # a worker must serve: the default, not an error
+    other = _worker_metrics_cache()
+    assert thin_prediction_metric(other) and other.add_time.every_s == 1.0
+    assert not thin_prediction_metric(None)  # no metrics cache (not a TorchServe worker)
+
+
+@pytest.mark.torchserve
+@pytest.mark.slow
+def test_served_batches_write_one_prediction_metric_a_second(tiny_store: Path, tmp_path: Path) -> None:
+    """A real TorchServe logging its workers' metrics (metrics_mode=log: each line the
+    frontend parses lands in model_metrics.log): many batches in a second leave about one
+    PredictionTime line a second, and the frontend still has the metric."""
+    server = start_server(tiny_store, tmp_path, extra_properties={"metrics_mode": "log"})
+    try:
+        ensure_registered(server, "noop")
+        url = f"{server.inference_url}/predictions/noop"
+        headers = server.inference_headers()
+        metrics_log = server.log_dir / "model_metrics.log"
+        offset = _size(metrics_log)
+        import time
+
+        n, t0 = 40, time.monotonic()
+        for i in range(n):  # one after another, ~2.5 s in all: each its own batch
+            r = requests.post(url, data=f"metric {i}".encode(), headers=headers, timeout=60)
+            assert r.status_code == 200, r.text
+            time.sleep(0.06)
+        elapsed = time.monotonic() - t0
+        time.sleep(1.0)  # the frontend reads the worker's stdout on its own thread
+        lines = [line for line in _since(metrics_log, offset).splitlines() if "PredictionTime" in line]
+        # TorchServe's worker writes n; thinned: the first, then one a second at most.
+        assert 2 <= len(lines) <= elapsed + 1, (elapsed, lines)
+        assert all("ModelName:noop" in line for line in lines)
+    finally:
+        server.stop()
