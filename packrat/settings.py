@@ -84,9 +84,9 @@ _TABLE: tuple[Setting, ...] = (
             "for a worker's time slice when they wake; needs root or CAP_SYS_NICE, else the frontend "
             "stays as it is; 0..20 (0: leave it)", env="PACKRAT_FRONTEND_NICE"),
     Setting("prediction_metric_s", float, 1.0, "seconds between a worker's PredictionTime metric lines: "
-            "TorchServe's worker writes one a batch, which its frontend wakes to read and parse; a gauge "
-            "of the last batch's time, so one a second keeps what a scrape sees (0: one a batch, as "
-            "TorchServe)", env="PACKRAT_PREDICTION_METRIC_S"),
+            "TorchServe's worker writes one a batch, which its frontend wakes to read and parse into a "
+            "gauge of the last batch's time; thinned, the gauge shows a batch at most this much older "
+            "than the last one (0: one a batch, as TorchServe)", env="PACKRAT_PREDICTION_METRIC_S"),
     Setting("forkserver", bool, True, "fork TorchServe's workers and the profiler's from a warm "
             "interpreter (0: start each one in a new interpreter)", env="PACKRAT_FORKSERVER"),
     Setting("ts_log_config", str, None, "log4j2 file for TorchServe's frontend, or 'torchserve' for "
