@@ -211,6 +211,16 @@ def value(name: str, cli: Any = None, env: Mapping[str, str] | None = None) -> A
     return lookup(name, cli, env).value
 
 
+def value_or_default(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """value(), but the table's default where the variable does not parse: for code in a
+    TorchServe worker, which must load and serve whatever the environment says."""
+    try:
+        return value(name, env=env)
+    except SettingError:
+        setting = get(name)
+        return setting.default() if callable(setting.default) else setting.default
+
+
 def help_for(name: str, text: str | None = None) -> str:
     """A CLI help text: `text` (else the table's) and the default in brackets, when there is one."""
     setting = get(name)

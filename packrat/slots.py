@@ -160,10 +160,7 @@ class lowered_priority:
 
     def __init__(self, extra: int | None = None) -> None:
         if extra is None:
-            try:
-                extra = settings.value("load_nice")
-            except settings.SettingError:  # a worker must load anyway: a bad value counts as unset
-                extra = settings.get("load_nice").default
+            extra = settings.value_or_default("load_nice")  # a worker must load anyway
         self.extra = max(0, min(extra, 19))
         self.before = os.getpriority(os.PRIO_PROCESS, 0)
         self.active = self.extra > 0 and can_restore_priority(self.before)

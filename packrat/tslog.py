@@ -114,8 +114,8 @@ def worker_request_lines_quiet() -> bool:
 # reader thread, which matches, logs (packrat/log4j2.xml drops it), parses and sets a
 # Prometheus gauge: the last batch's time. On a fast model that is one more wake-up on
 # the workers' cores a batch and 1-2 % of a served worker's samples (py-spy, MiniLM at 8
-# tokens: docs/benchmarks/efficiency-avx2-epyc.md). A scrape every few seconds sees the
-# same gauge from one line a second.
+# tokens: docs/benchmarks/efficiency-avx2-epyc.md). With one line a second the gauge shows
+# a batch at most a second older than the last one.
 PREDICTION_METRIC = "PredictionTime"
 
 
@@ -146,14 +146,11 @@ def thin_prediction_metric(metrics: Any, every_s: float | None = None) -> bool:
     prediction_metric_s setting; 0 leaves TorchServe's line a batch). True when thinned
     (now or before)."""
     if every_s is None:
-        try:
-            every_s = settings.value("prediction_metric_s")
-        except settings.SettingError:  # a worker must serve anyway: a bad value counts as unset
-            every_s = settings.get("prediction_metric_s").default
+        every_s = settings.value_or_default("prediction_metric_s")  # a worker must serve anyway
     add_time = getattr(metrics, "add_time", None)
     if isinstance(add_time, ThinnedTimeMetric):
         return True
-    if not every_s or every_s <= 0 or add_time is None:
+    if every_s <= 0 or add_time is None:
         return False
     metrics.add_time = ThinnedTimeMetric(add_time, float(every_s))
     return True

@@ -76,6 +76,14 @@ def test_a_bad_value_names_the_variable_the_value_and_what_was_wanted(name: str,
     assert isinstance(err.value, ValueError)
 
 
+def test_worker_settings_fall_back_to_the_default_on_a_bad_value() -> None:
+    """What a TorchServe worker reads (it must serve whatever the environment says)."""
+    assert settings.value_or_default("load_nice", env={"PACKRAT_LOAD_NICE": "five"}) == 5
+    assert settings.value_or_default("load_nice", env={"PACKRAT_LOAD_NICE": "3"}) == 3
+    assert settings.value_or_default("prediction_metric_s", env={"PACKRAT_PREDICTION_METRIC_S": "often"}) == 1.0
+    assert settings.value_or_default("prediction_metric_s", env={"PACKRAT_PREDICTION_METRIC_S": "0.5"}) == 0.5
+
+
 def test_an_unknown_setting_is_a_key_error() -> None:
     with pytest.raises(KeyError, match="no setting 'state-dir'"):
         value("state-dir")
