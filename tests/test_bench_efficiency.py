@@ -114,6 +114,8 @@ def test_efficiency_on_a_tiny_model_every_row_positive_and_ratios_are_quotients(
     assert 2.0 <= warm["warm_s"] <= 6.0 + 10.0 and all(c >= 0 for c in warm["jit_cores_by_chunk"])
     assert warm["jit_quiet"] == (bool(warm["jit_cores_by_chunk"]) and warm["jit_cores_by_chunk"][-1] < 0.01)
     assert f"Served warm-up: {warm['warm_s']:g} s of load" in summary_md
+    # Each chunk followed a window's reads (their first set the JIT recompiling: Served.warm).
+    assert warm["reads_each_chunk"] is True and "each after the reads made before a window" in summary_md
     rounds = [r for r in rows if "round" in r]
     assert [r["kind"] for r in rounds] == ["raw", "handler", "served", *peer] * 2  # interleaved, round by round
     assert [r["round"] for r in rows if r["kind"] == "served"] == [1, 2]

@@ -101,6 +101,10 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Runs since the warm-up made the windows' management and metrics reads before each chunk.
+READS = ", each after the reads made before a window (metrics, the workers)"
+
+
 def _warm_lines(rows: list[dict[str, Any]]) -> list[str]:
     """How long the served level was loaded before its first window, and the JVM's JIT then
     and in the windows; nothing for runs from before the warm-up followed the JIT."""
@@ -113,7 +117,8 @@ def _warm_lines(rows: list[dict[str, Any]]) -> list[str]:
              else f"**not quiet: the windows include JIT compiling** (not below {warm['jit_quiet_cores']:g})")
     jit = _median([r.get("jvm_jit_ms_per_request") for r in rows if r["kind"] == "served"])
     return [f"Served warm-up: {warm['warm_s']:g} s of load before the first round ({s.get('warm_s'):g} s, then "
-            f"on in 10 s chunks until the frontend JVM's JIT compilers, its C1 and C2 threads, use less than "
+            f"on in 10 s chunks{READS if warm.get('reads_each_chunk') else ''} until the frontend JVM's JIT "
+            "compilers, its C1 and C2 threads, use less than "
             f"{warm['jit_quiet_cores']:g} of a core over one, at most {s.get('warm_max_s'):g} s). Their share of a "
             f"core in each chunk: {chunks}; {state}. In the served windows they used {_f(jit, 3)} ms of CPU a "
             "request (within the frontend JVM's figure below).", ""]
