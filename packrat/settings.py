@@ -49,6 +49,10 @@ class Setting:
     scope: str = "packrat"  # who reads it: packrat, pod, scripts or tests
     shown_default: str | None = None  # the default as the docs write it, where repr would mislead
 
+    def default_value(self) -> Any:
+        """The default as read now (a callable default is computed)."""
+        return self.default() if callable(self.default) else self.default
+
     def default_text(self) -> str:
         if self.shown_default is not None:
             return self.shown_default
@@ -203,8 +207,7 @@ def lookup(name: str, cli: Any = None, env: Mapping[str, str] | None = None) -> 
     raw = (os.environ if env is None else env).get(setting.env, "") if setting.env else ""
     if raw.strip():
         return Resolved(parse(setting, raw, setting.env or name), "env")
-    default = setting.default() if callable(setting.default) else setting.default
-    return Resolved(default, "default")
+    return Resolved(setting.default_value(), "default")
 
 
 def value(name: str, cli: Any = None, env: Mapping[str, str] | None = None) -> Any:
@@ -217,8 +220,7 @@ def value_or_default(name: str, env: Mapping[str, str] | None = None) -> Any:
     try:
         return value(name, env=env)
     except SettingError:
-        setting = get(name)
-        return setting.default() if callable(setting.default) else setting.default
+        return get(name).default_value()
 
 
 def help_for(name: str, text: str | None = None) -> str:

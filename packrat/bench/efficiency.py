@@ -210,7 +210,7 @@ class Served:
         while jvm is not None and time.monotonic() - started < self.s.warm_max_s:
             # The reads measure() makes between windows, before every chunk: the first
             # management and metrics calls after a warm-up of inference alone set the JIT
-            # recompiling the inference path (measured on MiniLM: 0.002 -> 0.075 of a core
+            # recompiling the inference path (measured on MiniLM: 0.000-0.003 -> 0.075 of a core
             # in the next window), so a quiet chunk counts only with them in it.
             self.reads_between_windows()
             before, t0 = jit_cpu_ticks(jvm), time.monotonic()
