@@ -98,8 +98,12 @@ def _moved(before: Mapping[str, int], st: ModelState, batch: int) -> str | None:
     (the new profile's or tune's sizes, the Reprofiler's `tried`) keeps that to one try."""
     now = dict(profile_sizes(st, batch))
     moved = shifted(before, now)
-    if not moved:
-        return None
+    return why_moved(before, now, moved) if moved else None
+
+
+def why_moved(before: Mapping[str, int], now: Mapping[str, int], moved: Iterable[str]) -> str:
+    """The words for a shift of the sizes `moved` from `before` (empty: not known) to `now`:
+    an automatic tune's and the Reprofiler's reason, in logs and status."""
     if not before:
         return "input shape profiled at is not known (made before sizes were recorded); traffic's: " + ", ".join(
             f"{k} {now[k]}" for k in moved)

@@ -42,7 +42,7 @@ from packrat import tune
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of
 from packrat.control.swaps import Swaps
-from packrat.control.traffic import plan_batch, profile_shape, why_retune, worker_sizes
+from packrat.control.traffic import plan_batch, profile_shape, why_moved, why_retune, worker_sizes
 from packrat.control.values import ModelState
 from packrat.errors import BusyError, ConfigError, PackratError
 from packrat.jobs import Job, Jobs, Turns
@@ -343,7 +343,7 @@ class Reprofiler:
         if kept is None and last is not None and (not shifted(last[1], now)
                                                   or self.clock() - last[0] < self.min_gap_s):
             return None  # tried this shape already, or re-profiled a moment ago
-        return Shift(profile, _why_moved(made_at, now, moved), now, lately, kept)
+        return Shift(profile, why_moved(made_at, now, moved), now, lately, kept)
 
     def why(self, st: ModelState) -> tuple[Profile, str] | None:
         """(the profile planned from now, why it must be measured again), or None: also when
@@ -403,15 +403,6 @@ class Reprofiler:
 
     def run(self, stop: threading.Event) -> None:
         _every(self.interval_s, self.check, stop, "re-profile")
-
-
-def _why_moved(made_at: dict[str, int], now: dict[str, int], moved: list[str]) -> str:
-    """The words packrat.control.traffic uses for a shift, for the traffic's sizes lately."""
-    if not made_at:
-        return "input shape profiled at is not known (made before sizes were recorded); traffic's: " + ", ".join(
-            f"{k} {now[k]}" for k in moved)
-    return "traffic's input shape moved (" + ", ".join(f"{k} {made_at.get(k, 'none')} -> {now[k]}"
-                                                       for k in moved) + ")"
 
 
 def _remeasure(profile: Profile, usable: int) -> dict[str, Any]:
