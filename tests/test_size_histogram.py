@@ -76,6 +76,34 @@ def test_quantiles_and_differences() -> None:
     assert texts.quantile(0.5) == 5.0 and texts.quantile(0.5 ** (1 / 4)) == 6.0
 
 
+def test_bounds_make_traffic_of_one_size_read_exactly(tmp_path: Path) -> None:
+    # a GPT-2 load of 16 new tokens each: the 16-23 bucket alone read p50 19.5, p90 22.3 and,
+    # for a batch of 8, profiled 22 generated tokens a request (37 % more decoding than served)
+    path = tmp_path / "1.live"
+    counters = LiveCounters(path)
+    assert all(h.low is None and h.high is None for h in read_sizes(path).values())
+    counters.add_sizes({"generated": [16] * 8, "tokens": [128] * 4, "pixels": [320 * 240]})
+    got = read_sizes(path)
+    for kind, size in (("generated", 16), ("tokens", 128), ("pixels", 320 * 240)):
+        h = got[kind]
+        assert (h.low, h.high) == (size, size)
+        assert h.quantile(0.5) == h.quantile(0.5 ** (1 / 8)) == h.quantile(1.0) == size, kind
+    counters.add_sizes({"generated": [17, 20], "tokens": []})
+    g = read_sizes(path)["generated"]
+    assert (g.low, g.high) == (16, 20) and 16 <= g.quantile(0.9) <= 20
+    assert read_sizes(path)["tokens"] == got["tokens"]  # an empty list changes nothing
+    # sums: bounds known only where every part with requests has them; a difference keeps the
+    # later reading's (they hold what was counted since the earlier one too)
+    later = read_sizes(path)["generated"]
+    assert (later - got["generated"]).requests == 2 and (later - got["generated"]).high == 20
+    assert (later + _histogram({40: 3})).low is None and (later + SizeHistogram()).low == 16
+    assert (later + later).quantile(1.0) == 20.0
+    # bounds only narrow a bucket: sizes in two buckets still read from each
+    mixed = _histogram({6: 10}) + _histogram({115: 10})
+    bounded = SizeHistogram(mixed.counts, mixed.total, 6, 115)
+    assert bounded.quantile(0.25) == 6.0 and 96 <= bounded.quantile(0.99) <= 115 < mixed.quantile(0.99)
+
+
 def test_a_record_without_a_histogram_and_a_bad_size(tmp_path: Path) -> None:
     old = tmp_path / "1.live"
     old.write_bytes(RECORD.pack(8, 4, 4, 0, time.time_ns() // 1000))  # a worker from before the histogram
@@ -87,8 +115,11 @@ def test_a_record_without_a_histogram_and_a_bad_size(tmp_path: Path) -> None:
                                                                *range(len(SIZE_KINDS) * (BUCKETS + 1))))
     assert read_sizes(first) is None and read_counters(first)["done"] == 4
     wrong = tmp_path / "00.live"
-    wrong.write_bytes(first.read_bytes() + struct.pack("=Q", 1))  # as long as ours, another layout
-    assert read_sizes(wrong) is None
+    wrong.write_bytes(first.read_bytes() + struct.pack(f"={1 + 2 * len(SIZE_KINDS)}Q", *[0] * (2 * len(SIZE_KINDS)), 2))
+    assert read_sizes(wrong) is None  # as long as ours, another layout (2: no bounds)
+    second = tmp_path / "01.live"
+    second.write_bytes(first.read_bytes() + struct.pack("=Q", 2))  # layout 2 as it was: shorter
+    assert read_sizes(second) is None and read_counters(second)["done"] == 4
     path = tmp_path / "2.live"
     counters = LiveCounters(path)
     with pytest.raises(TypeError):
