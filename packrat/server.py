@@ -27,6 +27,7 @@ grace period), which leaves no Java behind even when several servers run.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -324,14 +325,48 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _log_tail(workdir: Path, lines: int) -> str:
+LOGS = ("torchserve.out", "logs/ts_log.log", "logs/model_log.log")
+
+
+def _log_sizes(workdir: Path) -> dict[str, int]:
+    """Where each log ends now: a start's lines are those written after (the files are appended to)."""
+    return {name: (workdir / name).stat().st_size if (workdir / name).exists() else 0 for name in LOGS}
+
+
+def _log_tail(workdir: Path, lines: int, since: Mapping[str, int] | None = None) -> str:
+    """The last `lines` of each log; with `since` (_log_sizes), of what was written after it only."""
     parts = []
-    for name in ("torchserve.out", "logs/ts_log.log", "logs/model_log.log"):
+    for name in LOGS:
         path = workdir / name
-        if path.exists():
-            text = path.read_text(errors="replace").splitlines()[-lines:]
-            parts.append(f"--- {path} (last {len(text)} lines)\n" + "\n".join(text))
+        if not path.exists():
+            continue
+        with open(path, "rb") as f:
+            at = (since or {}).get(name, 0)
+            f.seek(at if at <= path.stat().st_size else 0)  # a log rolled over since: all of it
+            text = f.read().decode(errors="replace").splitlines()[-lines:]
+        if text or since is None:
+            parts.append(f"--- {path} (last {len(text)} lines{' of this start' if since else ''})\n" + "\n".join(text))
     return "\n".join(parts) or f"(no logs in {workdir})"
+
+
+def taken_ports(ports: Ports) -> list[tuple[str, int]]:
+    """(property, port) of each of `ports` something already listens on at 127.0.0.1.
+    Bound the way TorchServe's frontend binds (address reuse on, so a port with
+    connections of a server stopped a moment ago in TIME_WAIT is free), then let go."""
+    named = [("inference_address", ports.inference), ("management_address", ports.management),
+             ("metrics_address", ports.metrics), ("grpc_inference_port", ports.grpc_inference),
+             ("grpc_management_port", ports.grpc_management)]
+    out = []
+    for prop, port in named:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                out.append((prop, port))
+    return out
 
 
 def _torchserve_command(env: dict[str, str]) -> list[str]:
@@ -366,11 +401,18 @@ def start_torchserve(
     model_store = Path(model_store).resolve()
     if not model_store.is_dir():
         raise ServerError(f"{model_store}: model store directory does not exist")
+    ports = ports or Ports.free()
+    taken = taken_ports(ports)
+    if taken:  # else the frontend fails after seconds, its cause among a hundred log lines
+        where = ", ".join(f"{port} ({prop})" for prop, port in taken)
+        raise ServerError(
+            f"port{'s' if len(taken) > 1 else ''} {where} already in use on 127.0.0.1: another TorchServe "
+            f"(or another server) listens there; `ss -ltnp 'sport = :{taken[0][1]}'` names it. Stop it, "
+            "or start on free ports: `packrat torchserve start --free-ports` (`PACKRAT_FREE_PORTS=1 make run`)")
     workdir.mkdir(parents=True, exist_ok=True)
     tmp = workdir / "tmp"
     tmp.mkdir(exist_ok=True)
     (workdir / "key_file.json").unlink(missing_ok=True)  # a stale file would hand out dead keys
-    ports = ports or Ports.free()
     config_path = workdir / "config.properties"
     config_path.write_text(render_properties(config_template, ports, model_store, extra_properties))
 
@@ -387,7 +429,8 @@ def start_torchserve(
     if models:
         cmd += ["--models", *models]
     cmd = with_log_config(cmd, child_env)  # packrat/log4j2.xml: no per-request log lines
-    proc, out_offset = _launch(cmd, workdir, child_env)
+    since = _log_sizes(workdir)
+    proc = _launch(cmd, workdir, child_env)
     server = RunningServer(
         workdir=workdir,
         model_store=model_store,
@@ -399,7 +442,7 @@ def start_torchserve(
     )
     server.save()
     try:
-        _wait_healthy(server, timeout_s, out_offset)
+        _wait_healthy(server, timeout_s, since)
     except BaseException:
         server.stop(timeout_s=10)
         raise
@@ -422,12 +465,9 @@ def _child_env(base: Mapping[str, str], slot_dir: Path | str | None, tmp: Path) 
     return child_env
 
 
-def _launch(cmd: list[str], workdir: Path, child_env: dict[str, str]) -> tuple[subprocess.Popen, int]:
-    """Start `cmd` in its own process group, output appended to <workdir>/torchserve.out;
-    the process and where this start's output begins in that file."""
-    out_path = workdir / "torchserve.out"
-    out_offset = out_path.stat().st_size if out_path.exists() else 0
-    out = open(out_path, "ab")
+def _launch(cmd: list[str], workdir: Path, child_env: dict[str, str]) -> subprocess.Popen:
+    """Start `cmd` in its own process group, output appended to <workdir>/torchserve.out."""
+    out = open(workdir / "torchserve.out", "ab")
     try:
         proc = subprocess.Popen(
             cmd,
@@ -440,7 +480,7 @@ def _launch(cmd: list[str], workdir: Path, child_env: dict[str, str]) -> tuple[s
         )
     finally:
         out.close()
-    return proc, out_offset
+    return proc
 
 
 # Printed by the frontend after every listener, gRPC included, is bound. /ping
@@ -458,12 +498,14 @@ def _started(server: RunningServer, offset: int) -> bool:
         return False
 
 
-def _wait_healthy(server: RunningServer, timeout_s: float, out_offset: int = 0) -> None:
+def _wait_healthy(server: RunningServer, timeout_s: float, since: Mapping[str, int]) -> None:
+    """Until /ping answers and the frontend said it started; `since`: where this start's
+    lines begin in each log (_log_sizes), the tail a failure shows."""
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
     while time.monotonic() < deadline:
         if not server.is_running():
-            raise ServerError(f"TorchServe exited during start-up\n{server.log_tail()}")
+            raise ServerError(f"TorchServe exited during start-up\n{_log_tail(server.workdir, 60, since)}")
         # In 0.12 /ping itself needs the inference token (HTTP 400 without it),
         # and key_file.json appears only once the frontend is up.
         if not (server.workdir / "key_file.json").exists():
@@ -474,7 +516,7 @@ def _wait_healthy(server: RunningServer, timeout_s: float, out_offset: int = 0) 
                 f"{server.inference_url}/ping", headers=server.inference_headers(), timeout=2
             )
             if r.status_code == 200 and r.json().get("status") == "Healthy":
-                if _started(server, out_offset):
+                if _started(server, since["torchserve.out"]):
                     return
                 last = "ping healthy, waiting for 'Model server started.'"
             else:
@@ -482,4 +524,5 @@ def _wait_healthy(server: RunningServer, timeout_s: float, out_offset: int = 0) 
         except (requests.RequestException, ValueError, TorchServeError) as exc:
             last = str(exc)
         time.sleep(0.3)
-    raise ServerError(f"{server.inference_url}/ping not healthy after {timeout_s:.0f}s ({last})\n{server.log_tail()}")
+    raise ServerError(f"{server.inference_url}/ping not healthy after {timeout_s:.0f}s ({last})\n"
+                      f"{_log_tail(server.workdir, 60, since)}")

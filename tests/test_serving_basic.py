@@ -87,6 +87,39 @@ def test_start_failure_reports_log_tail(tiny_store, tmp_path) -> None:
                          extra_properties={"inference_address": "http://127.0.0.1:notaport"})
     assert "torchserve.out" in str(info.value) or "ts_log" in str(info.value)
     assert not os.path.exists(tmp_path / "w" / "server.json")
+    # Again in the same workdir, whose logs hold an earlier run's lines: the tail is this start's
+    (tmp_path / "w" / "torchserve.out").write_text("an earlier run's line\n" * 100, encoding="utf-8")
+    (tmp_path / "w" / "logs").mkdir(exist_ok=True)
+    (tmp_path / "w" / "logs" / "model_log.log").write_text("an earlier worker's line\n" * 100, encoding="utf-8")
+    with pytest.raises(ServerError) as again:
+        start_torchserve(tiny_store, tmp_path / "w", config_template=bad, timeout_s=60,
+                         extra_properties={"inference_address": "http://127.0.0.1:notaport"})
+    text = str(again.value)
+    assert "of this start" in text and "earlier" not in text, text
+
+
+def test_start_on_a_taken_port_says_which_and_how_to_go_on(tiny_store, tmp_path) -> None:
+    """Something already listens on the inference port (another TorchServe, `make run` twice
+    from two checkouts): refused at once, naming the port and the way to free ones, before
+    a frontend starts and fails among a hundred log lines; the listener is left alone."""
+    import socket
+    import time
+
+    from packrat.errors import ServerError
+    from packrat.server import Ports, free_ports
+
+    with socket.create_server(("127.0.0.1", 0)) as other:
+        port = other.getsockname()[1]
+        ports = Ports(port, *free_ports(4))
+        began = time.monotonic()
+        with pytest.raises(ServerError) as info:
+            start_torchserve(tiny_store, tmp_path / "w", ports=ports, timeout_s=60)
+        assert time.monotonic() - began < 5  # no JVM was started
+        text = str(info.value)
+        assert f"port {port} (inference_address) already in use" in text and "--free-ports" in text, text
+        assert not (tmp_path / "w").exists()
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # still listening
 
 
 def test_worker_claims_its_slot_before_serving(torchserve, tiny_store) -> None:
