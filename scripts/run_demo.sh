@@ -58,11 +58,24 @@ MTOKEN=$("$PACKRAT" torchserve keys management --workdir "$WORKDIR")
 if [ -f .packrat/controller.pid ] && kill -0 "$(cat .packrat/controller.pid)" 2>/dev/null; then
   echo "controller already running (pid $(cat .packrat/controller.pid))"
 else
+  : > .packrat/controller.log  # emptied here, not by the child: the wait below must not read the last run's
   nohup "$PACKRAT" controller --management-url "$MGMT" \
     --metrics-url "$("$PACKRAT" torchserve url metrics --workdir "$WORKDIR")" \
     --key-file "$WORKDIR/key_file.json" --model-store "$STORE" --state-dir .packrat \
-    > .packrat/controller.log 2>&1 &
+    >> .packrat/controller.log 2>&1 &
   echo $! > .packrat/controller.pid
+  # Until it listens (it says so once its port is bound), or says why it could not:
+  # a port already taken, say, ends it seconds after this script would have said all is well.
+  for _ in $(seq 1 240); do
+    grep -q "packrat controller API on" .packrat/controller.log && break
+    if ! kill -0 "$(cat .packrat/controller.pid)" 2>/dev/null; then
+      echo "error: the Packrat controller exited (.packrat/controller.log):" >&2
+      grep -E "^error:" .packrat/controller.log >&2 || tail -5 .packrat/controller.log >&2
+      echo "TorchServe is still running: make stop, or fix the cause and make run again." >&2
+      exit 1
+    fi
+    sleep 0.5
+  done
 fi
 # Packrat's API on TorchServe's management port: the endpoint plugin forwards
 # /packrat/... to the controller (docs/live-plans.md; JSON bodies go in the

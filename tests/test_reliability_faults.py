@@ -172,6 +172,23 @@ def test_one_controller_per_torchserve(stack, tmp_path: Path) -> None:
     assert f"pid {ctl.proc.pid}" in out  # names the holder
 
 
+def test_a_controller_whose_port_is_taken_exits_before_touching_anything(stack, tmp_path: Path) -> None:
+    """Another store (so the one-controller lock lets it through), the running controller's
+    port: refused before it attaches, re-applies a plan or starts a tune (uvicorn used to bind
+    last, after all of that), naming the port and the option; the running one still answers."""
+    _, ctl, _, _ = stack
+    other_store = tmp_path / "other-store"
+    other_store.mkdir()
+    second = Ctl(ctl.server, other_store, tmp_path / "state3")
+    proc = second.spawn(port=ctl.port)
+    assert proc.wait(timeout=60) == 1
+    out = (tmp_path / "state3" / "controller.out").read_text()
+    assert f"cannot listen on 127.0.0.1:{ctl.port}" in out and "--port" in out, out
+    assert "version" not in out and "tuning every" not in out, out  # nothing attached or started
+    assert not (tmp_path / "state3" / "swaps.jsonl").exists()
+    assert ctl.get("/healthz").status_code == 200
+
+
 def test_api_fuzz_answers_only_documented_statuses(stack) -> None:
     """schemathesis against the live controller's own spec: every operation, valid and
     invalid inputs, with the token; never a 5xx, only statuses the spec lists, the

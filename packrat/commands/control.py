@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import errno
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +18,7 @@ import typer
 
 from packrat import settings
 from packrat.commands._options import setting_option
-from packrat.errors import PackratError
+from packrat.errors import ConfigError, PackratError
 
 if TYPE_CHECKING:  # loaded when a command runs, not when the CLI starts
     from packrat.control import Controller
@@ -148,6 +150,9 @@ def run_controller(*, management_url: str, metrics_url: str | None, key_file: Pa
     controller = Controller(controller_settings, policy=policy)
     controller.acquire()
     try:
+        # Bound before anything is attached or started: a taken port used to end the
+        # controller only after it had re-applied plans and started a tune (uvicorn binds last).
+        api_socket = bind_api(run.host, run.port)
         _attach(controller)
         stop = stop or threading.Event()
         ticker = threading.Thread(target=controller.run, args=(stop,), name="controller-tick", daemon=True)
@@ -159,7 +164,7 @@ def run_controller(*, management_url: str, metrics_url: str | None, key_file: Pa
 
             threading.Thread(target=Reprofiler(controller).run, args=(stop,), name="controller-reprofile",
                              daemon=True).start()
-        _serve_api(controller, run.host, run.port, stop)
+        _serve_api(controller, api_socket, stop)
     finally:
         controller.release()
 
@@ -214,21 +219,43 @@ def _attach(controller: Controller) -> None:
         typer.echo(f"{m}: version {st.version} ({shape})", err=True)
 
 
-def _serve_api(controller: Controller, host: str, port: int, stop: threading.Event) -> None:
-    """The REST API until `stop` is set (or uvicorn stops on a signal, which then sets it)."""
+def bind_api(host: str, port: int) -> socket.socket:
+    """The API's socket, bound as uvicorn binds it (address reuse on); ConfigError naming
+    the port and the option to change it when it cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        taken = " (another controller, or another server, listens there)" if exc.errno == errno.EADDRINUSE else ""
+        raise ConfigError(f"the controller's API cannot listen on {host}:{port}: {exc.strerror}{taken}; "
+                          f"choose another port with --port (PACKRAT_API_PORT in a pod)") from None
+    return sock
+
+
+def _serve_api(controller: Controller, sock: socket.socket, stop: threading.Event) -> None:
+    """The REST API on `sock` until `stop` is set (or uvicorn stops on a signal, which then sets it)."""
     from packrat.api import create_app
     from packrat.api.server import QuietServer, api_config
 
+    host, port = sock.getsockname()[:2]
     server = QuietServer(api_config(create_app(controller), host, port))  # uvicorn's housekeeping once a second, not ten times
-    typer.echo(f"packrat controller API on http://{host}:{port} (token: TorchServe management key)", err=True)
+    typer.echo(f"packrat controller API on http://{_url_host(host)}:{port} (token: TorchServe management key)",
+               err=True)
 
     def watch() -> None:
         stop.wait()
         server.should_exit = True
 
     threading.Thread(target=watch, daemon=True).start()
-    server.run()
+    server.run(sockets=[sock])
     stop.set()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 @with_run_flags
