@@ -56,3 +56,49 @@ def test_cli_refuses_another_users_listener(tmp_path: Path, address: str) -> Non
         squatter.kill()
         received, _ = squatter.communicate(timeout=10)
     assert received == ""  # no connection at all
+
+
+def _status(port: int, key_file: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "packrat.cli", "status", "--api", f"http://127.0.0.1:{port}",
+                           "--key-file", str(key_file)], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_says_plainly_when_nothing_or_something_else_answers(tmp_path: Path) -> None:
+    """Nothing on the port: one line with the cause ("Connection refused"), not requests' nested
+    repr; another server there (an HTML 404): says it is not the controller's answer instead of
+    printing its page, or a traceback where its answer is not JSON."""
+    import http.server
+    import threading
+
+    key_file = tmp_path / "key_file.json"
+    key_file.write_text(json.dumps({k: {"key": f"{KEY}-{k}"} for k in ("inference", "management", "API")}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens
+    r = _status(port, key_file)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "does not answer (Connection refused); is `packrat controller` running?" in r.stderr, r.stderr
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        status = 404
+
+        def do_GET(self) -> None:
+            self.send_response(self.status)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html><body>Nothing matches the given URI</body></html>")
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page) as other:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        try:
+            for status in (404, 200):
+                Page.status = status
+                r = _status(other.server_address[1], key_file)
+                assert r.returncode == 1 and "Traceback" not in r.stderr and "<html>" not in r.stderr, r.stderr
+                assert f"HTTP {status} from http://127.0.0.1:{other.server_address[1]}/v1/models is not the " \
+                       "controller's answer (no JSON; text/html)" in r.stderr, r.stderr
+        finally:
+            other.shutdown()

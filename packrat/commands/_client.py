@@ -7,6 +7,7 @@ time (keys expire hourly), and goes only to a listener of the caller's own user
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,17 +49,29 @@ def call(method: str, url: str, key_file: Path, body: Any = None, timeout_s: flo
     try:
         r = requests.request(method, url, json=body, headers=_headers(key_file), timeout=timeout_s)
     except requests.RequestException as exc:
-        typer.echo(f"error: the controller at {url} does not answer ({exc}); is `packrat controller` running?",
-                   err=True)
+        typer.echo(f"error: the controller at {url} does not answer ({_cause(exc)}); is `packrat controller` "
+                   "running?", err=True)
         raise typer.Exit(1) from None
+    try:
+        answer = r.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, (dict, list)):  # another server on the controller's port, say
+        typer.echo(f"error: HTTP {r.status_code} from {url} is not the controller's answer (no JSON; "
+                   f"{r.headers.get('Content-Type') or 'no content type'}): does another server listen there?",
+                   err=True)
+        raise typer.Exit(1)
     if r.status_code >= 400:
-        try:
-            detail = r.json().get("detail")
-        except ValueError:
-            detail = r.text
+        detail = answer.get("detail", answer) if isinstance(answer, dict) else answer
         typer.echo(f"error: HTTP {r.status_code}: {detail}", err=True)
         raise typer.Exit(1)
-    return r.json()
+    return answer
+
+
+def _cause(exc: Exception) -> str:
+    """The reason at the bottom of requests' wrapped errors ("Connection refused"), else the whole text."""
+    found = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(exc))
+    return found.group(1).strip() if found else str(exc)
 
 
 def shape_text(plan: dict[str, Any] | None) -> str:
