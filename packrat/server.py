@@ -349,10 +349,11 @@ def _log_tail(workdir: Path, lines: int, since: Mapping[str, int] | None = None)
     return "\n".join(parts) or f"(no logs in {workdir})"
 
 
-def taken_ports(ports: Ports) -> list[tuple[str, int]]:
-    """(property, port) of each of `ports` something already listens on at 127.0.0.1.
-    Bound the way TorchServe's frontend binds (address reuse on, so a port with
-    connections of a server stopped a moment ago in TIME_WAIT is free), then let go."""
+def taken_ports(ports: Ports) -> list[tuple[str, int, str]]:
+    """(property, port, why) of each of `ports` that cannot be bound at 127.0.0.1 (in use,
+    or below 1024 for a user without the right). Bound the way TorchServe's frontend binds
+    (address reuse on, so a port with connections of a server stopped a moment ago in
+    TIME_WAIT is free), then let go."""
     named = [("inference_address", ports.inference), ("management_address", ports.management),
              ("metrics_address", ports.metrics), ("grpc_inference_port", ports.grpc_inference),
              ("grpc_management_port", ports.grpc_management)]
@@ -363,9 +364,7 @@ def taken_ports(ports: Ports) -> list[tuple[str, int]]:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError as exc:
-                if exc.errno != errno.EADDRINUSE:
-                    raise
-                out.append((prop, port))
+                out.append((prop, port, "already in use" if exc.errno == errno.EADDRINUSE else exc.strerror))
     return out
 
 
@@ -404,11 +403,11 @@ def start_torchserve(
     ports = ports or Ports.free()
     taken = taken_ports(ports)
     if taken:  # else the frontend fails after seconds, its cause among a hundred log lines
-        where = ", ".join(f"{port} ({prop})" for prop, port in taken)
+        where = "; ".join(f"port {port} ({prop}) {why}" for prop, port, why in taken)
         raise ServerError(
-            f"port{'s' if len(taken) > 1 else ''} {where} already in use on 127.0.0.1: another TorchServe "
-            f"(or another server) listens there; `ss -ltnp 'sport = :{taken[0][1]}'` names it. Stop it, "
-            "or start on free ports: `packrat torchserve start --free-ports` (`PACKRAT_FREE_PORTS=1 make run`)")
+            f"{where} on 127.0.0.1 (`ss -ltnp 'sport = :{taken[0][1]}'` names a process listening there): "
+            "stop it, or start on free ports: `packrat torchserve start --free-ports` "
+            "(`PACKRAT_FREE_PORTS=1 make run`)")
     workdir.mkdir(parents=True, exist_ok=True)
     tmp = workdir / "tmp"
     tmp.mkdir(exist_ok=True)

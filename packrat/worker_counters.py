@@ -21,9 +21,10 @@ read exactly: one token is 15-25 % of a 4-7-token batch's cost); from 16 up buck
 half-octaves (each √2 wide: 16-23, 24-31, 32-47, ...), so a quantile read from them is
 within ~20 % of the exact one; 64 of them reach 2 x 10^8 (25-megapixel images
 included). Beside the sum, the smallest and the largest size served: a quantile is read
-within them, so traffic of one size reads exactly at every size (a GPT-2 load of 16 new
-tokens each read 16-23 bucket's interpolation, p90 22.3, without them). A last word says the layout (LAYOUT): a file of another layout (a worker
-started before an upgrade) reads as one without a histogram, never as wrong sizes. The handler adds a
+within them, so traffic of one size reads exactly at any size (16 new tokens a request
+read p90 22.3 from the 16-23 bucket alone). A last word says the layout (LAYOUT): a file
+of another layout (a worker started before an upgrade) reads as one without a histogram,
+never as wrong sizes. The handler adds a
 batch's sizes with add_sizes(): a few stores per request, no system call. A file of
 the five words alone (a worker from before the histogram) reads as counters without one.
 """

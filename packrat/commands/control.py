@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
-import errno
 import logging
 import signal
 import socket
