@@ -98,10 +98,13 @@ def test_bounds_make_traffic_of_one_size_read_exactly(tmp_path: Path) -> None:
     assert (later - got["generated"]).requests == 2 and (later - got["generated"]).high == 20
     assert (later + _histogram({40: 3})).low is None and (later + SizeHistogram()).low == 16
     assert (later + later).quantile(1.0) == 20.0
-    # bounds only narrow a bucket: sizes in two buckets still read from each
+    # bounds only clamp: sizes in two buckets still read from each, and an estimate already
+    # within the bounds is left as it was (the bounds may be wider than a window's sizes)
     mixed = _histogram({6: 10}) + _histogram({115: 10})
     bounded = SizeHistogram(mixed.counts, mixed.total, 6, 115)
-    assert bounded.quantile(0.25) == 6.0 and 96 <= bounded.quantile(0.99) <= 115 < mixed.quantile(0.99)
+    assert bounded.quantile(0.25) == 6.0 and bounded.quantile(0.99) == 115 < mixed.quantile(0.99)
+    later_40s = SizeHistogram(_histogram({40: 300}).counts, 40 * 300, 6, 40)  # after shorter traffic
+    assert later_40s.quantile(0.5) == _histogram({40: 300}).quantile(0.5) == 39.5
 
 
 def test_a_record_without_a_histogram_and_a_bad_size(tmp_path: Path) -> None:
