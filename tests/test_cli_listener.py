@@ -102,3 +102,57 @@ def test_cli_says_plainly_when_nothing_or_something_else_answers(tmp_path: Path)
                        "controller's answer (no JSON; text/html)" in r.stderr, r.stderr
         finally:
             other.shutdown()
+
+
+def test_apply_waits_while_another_swap_runs_then_applies(tmp_path: Path) -> None:
+    """`packrat apply` answered busy (409 BusyError: a tune's swap runs) asks again once a
+    second within --wait, saying so once, and applies; with --wait 0 the 409 is the answer.
+    The busy answer is the one the controller's error handler renders for a BusyError."""
+    import asyncio
+    import http.server
+    import threading
+
+    from packrat.api.answers import render_error
+    from packrat.errors import BusyError
+
+    rendered = asyncio.run(render_error(None, BusyError("a swap is already running; try again when it is done")))
+    busy = rendered.body
+    assert rendered.status_code == 409 and json.loads(busy)["error"] == "BusyError"
+    applied = json.dumps({"swap": {"to_version": "p3", "outcome": "applied", "duration_s": 2.5},
+                          "plan": {"mode": "fp32-eager", "instances": [{"threads": 1, "batch": 2}] * 2},
+                          "pin": None}).encode()
+    key_file = tmp_path / "key_file.json"
+    key_file.write_text(json.dumps({k: {"key": f"{KEY}-{k}"} for k in ("inference", "management", "API")}))
+    asked: list[str] = []
+
+    class Controller(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            asked.append(self.path)
+            body = busy if len(asked) <= 2 else applied
+            self.send_response(409 if body is busy else 200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    def apply(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "packrat.cli", "apply", "m", "--shape", "2x(t1,b2)", "--no-pin",
+                               *extra, "--api", f"http://127.0.0.1:{fake.server_address[1]}",
+                               "--key-file", str(key_file)], capture_output=True, text=True, timeout=120)
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Controller) as fake:
+        threading.Thread(target=fake.serve_forever, daemon=True).start()
+        try:
+            r = apply()
+            assert r.returncode == 0 and "m: version p3 fp32-eager 2x(t1,b2): applied in 2.5 s" in r.stdout, r
+            assert r.stderr.count("waiting (up to 300 s): a swap is already running") == 1, r.stderr
+            assert asked == ["/v1/models/m/apply"] * 3
+            asked.clear()
+            r = apply("--wait", "0")
+            assert r.returncode == 1 and "HTTP 409: a swap is already running" in r.stderr and len(asked) == 1, r
+        finally:
+            fake.shutdown()

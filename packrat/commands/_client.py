@@ -8,6 +8,7 @@ time (keys expire hourly), and goes only to a listener of the caller's own user
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,31 @@ def _headers(key_file: Path) -> dict[str, str]:
     return keys.management.bearer()
 
 
-def call(method: str, url: str, key_file: Path, body: Any = None, timeout_s: float = 60.0) -> Any:
-    """The controller's JSON answer to one request; exits (1) on an error answer or none."""
+def call(method: str, url: str, key_file: Path, body: Any = None, timeout_s: float = 60.0,
+         busy_wait_s: float = 0.0) -> Any:
+    """The controller's JSON answer to one request; exits (1) on an error answer or none.
+    `busy_wait_s`: while the controller answers busy (409 BusyError: another swap runs, say
+    a tune's), ask again once a second for up to that long, saying so once."""
+    deadline = time.monotonic() + busy_wait_s
+    said = False
+    while True:
+        status, answer = _ask(method, url, key_file, body, timeout_s)
+        busy = status == 409 and isinstance(answer, dict) and answer.get("error") == "BusyError"
+        if not busy or time.monotonic() >= deadline:
+            break
+        if not said:
+            typer.echo(f"waiting (up to {busy_wait_s:.0f} s): {answer.get('detail')}", err=True)
+            said = True
+        time.sleep(1.0)
+    if status >= 400:
+        detail = answer.get("detail", answer) if isinstance(answer, dict) else answer
+        typer.echo(f"error: HTTP {status}: {detail}", err=True)
+        raise typer.Exit(1)
+    return answer
+
+
+def _ask(method: str, url: str, key_file: Path, body: Any, timeout_s: float) -> tuple[int, Any]:
+    """(status, JSON answer) of one request; exits (1) where there is no answer or it is not JSON."""
     import requests
 
     from packrat.listener import untrusted_listener
@@ -61,11 +85,7 @@ def call(method: str, url: str, key_file: Path, body: Any = None, timeout_s: flo
                    f"{r.headers.get('Content-Type') or 'no content type'}): does another server listen there?",
                    err=True)
         raise typer.Exit(1)
-    if r.status_code >= 400:
-        detail = answer.get("detail", answer) if isinstance(answer, dict) else answer
-        typer.echo(f"error: HTTP {r.status_code}: {detail}", err=True)
-        raise typer.Exit(1)
-    return answer
+    return r.status_code, answer
 
 
 def _cause(exc: Exception) -> str:

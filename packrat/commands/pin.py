@@ -50,6 +50,8 @@ def apply_command(
     mode: Optional[str] = typer.Option(None, "--mode", help="execution mode, e.g. fp32-eager [default: the live "
                                                             "mode]; refused when not run here or its guard failed"),
     pin: bool = typer.Option(True, "--pin/--no-pin", help="pin the model to it (the loop and the tuner leave it)"),
+    wait: float = typer.Option(300.0, "--wait", min=0.0, help="seconds to wait while another swap runs (a tune's, "
+                                                              "the re-plan loop's) before giving up"),
     api: str = API,
     key_file: Path = KEY_FILE,
 ) -> None:
@@ -58,7 +60,8 @@ def apply_command(
         raise typer.BadParameter("give exactly one of --batch and --shape")
     body: dict[str, Any] = {"mode": mode, "pin": pin}
     body.update({"batch": batch} if batch is not None else {"instances": parse_shape(shape or "")})
-    answer = call("POST", f"{api}/v1/models/{model}/apply", key_file, body, timeout_s=APPLY_TIMEOUT_S)
+    answer = call("POST", f"{api}/v1/models/{model}/apply", key_file, body, timeout_s=APPLY_TIMEOUT_S,
+                  busy_wait_s=wait)
     swap = answer["swap"]
     typer.echo(f"{model}: version {swap['to_version']} {answer['plan'].get('mode') or 'live mode'} "
                f"{shape_text(answer['plan'])}: {swap['outcome']} in {swap.get('duration_s') or 0:.1f} s")
