@@ -349,22 +349,31 @@ def _log_tail(workdir: Path, lines: int, since: Mapping[str, int] | None = None)
     return "\n".join(parts) or f"(no logs in {workdir})"
 
 
+def bind_reusing(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port the way TorchServe's Netty and uvicorn bind (address
+    reuse on: a port whose last connections are in TIME_WAIT is free); OSError if it cannot be."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def taken_ports(ports: Ports) -> list[tuple[str, int, str]]:
     """(property, port, why) of each of `ports` that cannot be bound at 127.0.0.1 (in use,
-    or below 1024 for a user without the right). Bound the way TorchServe's frontend binds
-    (address reuse on, so a port with connections of a server stopped a moment ago in
-    TIME_WAIT is free), then let go."""
+    or below 1024 for a user without the right): each bound as the frontend binds, then let go."""
     named = [("inference_address", ports.inference), ("management_address", ports.management),
              ("metrics_address", ports.metrics), ("grpc_inference_port", ports.grpc_inference),
              ("grpc_management_port", ports.grpc_management)]
     out = []
     for prop, port in named:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError as exc:
-                out.append((prop, port, "already in use" if exc.errno == errno.EADDRINUSE else exc.strerror))
+        try:
+            bind_reusing("127.0.0.1", port).close()
+        except OSError as exc:
+            out.append((prop, port, "already in use" if exc.errno == errno.EADDRINUSE else exc.strerror))
     return out
 
 

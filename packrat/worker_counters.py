@@ -174,11 +174,12 @@ class SizeHistogram:
         return sum(self.counts)
 
     def __add__(self, other: SizeHistogram) -> SizeHistogram:
-        parts = [h for h in (self, other) if h.requests]
-        known = all(h.low is not None and h.high is not None for h in parts) and parts
-        return SizeHistogram(tuple(a + b for a, b in zip(self.counts, other.counts)), self.total + other.total,
-                             min(h.low for h in parts) if known else None,  # type: ignore[type-var]
-                             max(h.high for h in parts) if known else None)  # type: ignore[type-var]
+        counts = tuple(a + b for a, b in zip(self.counts, other.counts))
+        parts = [h for h in (self, other) if h.requests]  # an empty side has no bounds to give
+        lows, highs = [h.low for h in parts], [h.high for h in parts]
+        if not parts or None in lows or None in highs:  # a part without bounds: the sum has none
+            return SizeHistogram(counts, self.total + other.total)
+        return SizeHistogram(counts, self.total + other.total, min(lows), max(highs))  # type: ignore[type-var]
 
     def __sub__(self, other: SizeHistogram) -> SizeHistogram:
         """What was counted since `other`, an earlier reading of the same worker: within

@@ -220,19 +220,16 @@ def _attach(controller: Controller) -> None:
 
 
 def bind_api(host: str, port: int) -> socket.socket:
-    """The API's socket, bound as uvicorn binds it (address reuse on); ConfigError naming
-    the port and the option to change it when it cannot be bound."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    """The API's socket (packrat.server.bind_reusing); ConfigError naming the port and the
+    option to change it when it cannot be bound."""
+    from packrat.server import bind_reusing
+
     try:
-        sock.bind((host.strip("[]"), port))
+        return bind_reusing(host, port)
     except OSError as exc:
-        sock.close()
         taken = " (another controller, or another server, listens there)" if exc.errno == errno.EADDRINUSE else ""
         raise ConfigError(f"the controller's API cannot listen on {host}:{port}: {exc.strerror}{taken}; "
                           f"choose another port with --port (PACKRAT_API_PORT in a pod)") from None
-    return sock
 
 
 def _serve_api(controller: Controller, sock: socket.socket, stop: threading.Event) -> None:
