@@ -32,6 +32,8 @@ import requests
 
 from packrat.apply import versions
 from packrat.bench.loadgen import ContinuousLoad
+from packrat.commands._client import shape_text
+from packrat.commands.tune import stage_text
 from packrat.control import Controller, ControllerSettings
 from packrat.errors import TorchServeError
 from packrat.types import Instance, Plan
@@ -327,7 +329,10 @@ def test_status_shows_the_running_swap_and_a_second_apply_gets_409(stack) -> Non
     # (polling may miss some, never reverse them).
     seen = [running["phase"]]
     while t.is_alive():
-        phase = (ctl.status()["swap_in_progress"] or {}).get("phase")
+        status = ctl.status()
+        phase = (status["swap_in_progress"] or {}).get("phase")
+        if phase is not None:  # `packrat status` leads with it, from the wire form as it is
+            assert stage_text(status).startswith(f"swapping to {shape_text(status['swap_in_progress']['plan'])}"), status
         if phase is not None and phase != seen[-1]:
             seen.append(phase)
         time.sleep(0.05)

@@ -1,8 +1,10 @@
-"""`packrat status`'s line: the live plan's prediction names the input shape it is for (issue 32 item 3)."""
+"""`packrat status`'s line: the live plan's prediction names the input shape it is for (issue 32
+item 3); a swap of the model under way leads its stage."""
 
 from __future__ import annotations
 
-from packrat.commands.tune import predicted_text, traffic_text
+from packrat.commands.tune import predicted_text, stage_text, traffic_text
+from packrat.types import Instance, Plan, SwapRecord
 
 
 def test_prediction_names_its_input_shape() -> None:
@@ -16,3 +18,23 @@ def test_prediction_names_its_input_shape() -> None:
 def test_traffic_text() -> None:
     assert traffic_text({"tokens": {"requests": 9, "mean": 7.1, "p50": 6, "p90": 115}}) == "tokens p50 6 p90 115"
     assert traffic_text(None) == "" and traffic_text({}) == ""
+
+
+def test_a_running_swap_of_the_model_leads_its_stage() -> None:
+    """Right after a restart the last tune still reads "applied ..." while the controller
+    brings that plan's version up again (seen for ~20 s after `make stop; make run`)."""
+    plan = Plan(cores=2, batch=8, instances=(Instance(1, 4, 15.5), Instance(1, 4, 15.5)), predicted_latency_ms=31.0,
+                mode="int8s-openvino")
+    running = SwapRecord(model="resnet50", from_version="1.0", to_version="p3", plan=plan, started_at=0.0,
+                         phase="ready").to_dict()
+    tune = {"text": "applied int8s-openvino 2x(t1,b4): predicted 31 ms at B=8"}
+    st = {"model": "resnet50", "tune": tune, "swap_in_progress": running}
+    assert stage_text(st) == ("swapping to int8s-openvino 2x(t1,b4) as version p3 (ready); "
+                              "tune: applied int8s-openvino 2x(t1,b4): predicted 31 ms at B=8")
+    # Another model's swap, or none, leaves the stage alone.
+    assert stage_text({**st, "swap_in_progress": {**running, "model": "bert-base"}}) == tune["text"]
+    assert stage_text({**st, "swap_in_progress": None}) == tune["text"]
+    assert stage_text({"model": "noop", "tune": None, "swap_in_progress": None}) == "not tuned"
+    # Before the new version has a name: the phase says where it is.
+    early = SwapRecord(model="resnet50", from_version="1.0", to_version=None, plan=plan, started_at=0.0).to_dict()
+    assert stage_text({**st, "swap_in_progress": early}).startswith("swapping to int8s-openvino 2x(t1,b4) (starting)")

@@ -448,7 +448,8 @@ def test_a_mode_whose_cold_build_took_its_share_is_measured_again_last(
 
     monkeypatch.setattr(tune_run, "run_profile", fake_run_profile)
     shutil.copytree(tiny_store / "tiny-bert", tmp_path / "base")
-    tracker = tune_run.Tracker(tmp_path / "state", "m")
+    texts: list[str] = []
+    tracker = tune_run.Tracker(tmp_path / "state", "m", on_change=lambda snap: texts.append(snap.get("text") or ""))
     settings = tune_run.TuneSettings(cores=2, batch=4, modes=("fp32-torchscript",), budget_s=60.0,
                                      max_batch=4)
     result = tune_run.tune_model(tmp_path / "base", "m", tmp_path / "state", settings, tracker)
@@ -460,6 +461,9 @@ def test_a_mode_whose_cold_build_took_its_share_is_measured_again_last(
         # The retry comes out of the same budget: the eager turn shared what was left with it.
         assert calls[1][1] <= 30.1
         assert result.plan.mode == "fp32-torchscript"  # measured after all, and the faster
+        # The status says the third turn is the first mode's second, not a third mode.
+        assert any("(mode 3 of 3 to measure: its second turn, built now)" in t for t in texts), texts
+        assert not any("mode 1 of" in t and "second turn" in t for t in texts)
         # the second turn's profile replaced the first's
         saved = json.loads((tmp_path / "state" / "profiles" / "m" / "fp32-torchscript.json").read_text())
         assert len(saved["points"]) == 6

@@ -84,7 +84,7 @@ def status_command(
     for name in names:
         st = call("GET", f"{api}/v1/models/{name}/status", key_file)
         tune = st.get("tune") or {}
-        stage = tune.get("text") or "not tuned"
+        stage = stage_text(st)
         pinned = "pinned" if st.get("pin") else ""
         traffic = traffic_text(st.get("traffic"))
         predicted = predicted_text(st.get("predicted_latency_ms"), st.get("predicted_for"))
@@ -93,6 +93,20 @@ def status_command(
                    + (f"  [{traffic}]" if traffic else ""))
         if modes and tune:
             typer.echo(mode_table(TuneRecord.from_dict(tune)))
+
+
+def stage_text(status: dict[str, Any]) -> str:
+    """The tune's stage, led by the swap of this model under way if there is one: a tune's
+    "applied X" stays its last word while a later swap (a re-apply after a restart, the
+    re-plan loop's, an operator's) is still bringing its version up."""
+    text = (status.get("tune") or {}).get("text") or "not tuned"
+    swap = status.get("swap_in_progress") or {}
+    if swap.get("model") != status.get("model"):
+        return text
+    plan = swap.get("plan") or {}
+    target = " ".join(x for x in (plan.get("mode"), shape_text(plan) if plan.get("instances") else None,
+                                  f"as version {swap['to_version']}" if swap.get("to_version") else None) if x)
+    return f"swapping to {target or 'a new plan'} ({swap.get('phase') or 'starting'}); tune: {text}"
 
 
 def predicted_text(ms: float | None, sizes: dict[str, Any] | None) -> str:

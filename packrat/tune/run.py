@@ -398,8 +398,10 @@ def _measure(run: _Run, todo: list[str], own_mode: str, profiles: dict[str, Prof
             run.tracker.mode(mode, state="skipped",
                              reason=f"tuning budget exhausted ({remaining:.0f} s left)")
             continue
-        prof, retry = _turn(run, mode, f"mode {k} of {len(todo)} to measure", share,
-                            first_turn=mode not in todo[:k - 1])
+        first_turn = mode not in todo[:k - 1]
+        # A retried mode counts again in N; say so, or "mode 4 of 4" reads as a fourth mode.
+        label = f"mode {k} of {len(todo)} to measure" + ("" if first_turn else ": its second turn, built now")
+        prof, retry = _turn(run, mode, label, share, first_turn=first_turn)
         # Kept even without a plan at B: a retry that measures less does not lose it.
         if prof is not None and prof.points:
             profiles[mode] = prof
