@@ -207,6 +207,12 @@ class Plan:
             raise ValueError(f"malformed plan record: {d!r}") from exc
 
 
+def ms_text(ms: float, spec: str = ".1f") -> str:
+    """A latency as people read it: `spec` as usual, two significant digits below 1 ms,
+    where ".0f" read a no-op model's 0.04 ms as "predicted 0 ms"."""
+    return f"{ms:#.2g}" if 0 < ms < 1 else format(ms, spec)  # "#": 0.50, as the status page writes it
+
+
 def profile_sizes(profile: Profile | None) -> tuple[tuple[str, int], ...]:
     """The request size per kind `profile` was timed at (its settings' "sizes", which
     packrat.profile.shape.timed_sizes reads too), sorted by kind; (): not known."""

@@ -4,7 +4,7 @@ item 3); a swap of the model under way leads its stage."""
 from __future__ import annotations
 
 from packrat.commands.tune import predicted_text, stage_text, traffic_text
-from packrat.types import Instance, Plan, SwapRecord
+from packrat.types import Instance, Plan, SwapRecord, ms_text
 
 
 def test_prediction_names_its_input_shape() -> None:
@@ -38,3 +38,10 @@ def test_a_running_swap_of_the_model_leads_its_stage() -> None:
     # Before the new version has a name: the phase says where it is.
     early = SwapRecord(model="resnet50", from_version="1.0", to_version=None, plan=plan, started_at=0.0).to_dict()
     assert stage_text({**st, "swap_in_progress": early}).startswith("swapping to int8s-openvino 2x(t1,b4) (starting)")
+
+
+def test_a_sub_millisecond_prediction_is_not_read_as_zero() -> None:
+    """The no-op model's tune read "predicted 0 ms at B=8 (fat fp32-eager: 0 ms)" in `make run`."""
+    assert predicted_text(0.0412, None) == "predicted 0.041 ms (input shape not recorded)"
+    assert ms_text(0.0412, ".0f") == "0.041" and ms_text(1837.1, ".0f") == "1837" and ms_text(65.61) == "65.6"
+    assert ms_text(0.0) == "0.0" and ms_text(0.5) == "0.50"  # as the status page (toPrecision) writes it

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from packrat.types import ms_text
 from serving_support import noop_with_controller, usable_cores
 from waiting import wait_until
 
@@ -179,7 +180,7 @@ def test_status_page_shows_the_live_plan_only_with_the_key(stack, browser) -> No
     section = f"section.model[data-model='{MODEL}']"
     wait_for(lambda: texts(driver, f"{section} dd.live-plan") == [SHAPE])
     assert texts(driver, f"{section} dd.live-version") == [status["version"]]
-    assert texts(driver, f"{section} dd.predicted-latency") == [f"{status['predicted_latency_ms']:.1f} ms"]
+    assert texts(driver, f"{section} dd.predicted-latency") == [f"{ms_text(status['predicted_latency_ms'])} ms"]
     swaps = " ".join(texts(driver, f"{section} table.swaps"))
     assert status["last_swaps"][-1]["to_version"] in swaps and "applied" in swaps
     if status["last_swaps"][-1].get("phases_s"):  # swap records with per-phase timings

@@ -15,7 +15,7 @@ import typer
 
 from packrat.commands._client import API, KEY_FILE, call, shape_text
 from packrat.commands._options import setting_option
-from packrat.types import TuneRecord
+from packrat.types import TuneRecord, ms_text
 
 
 def mode_table(tune: TuneRecord) -> str:
@@ -23,8 +23,8 @@ def mode_table(tune: TuneRecord) -> str:
     lines = [f"  {'mode':<18} {'state':<9} {'predicted ms':>12} {'fat ms':>9}  shape / reason"]
     for mode, m in tune.modes.items():
         row = m.plan
-        pred = f"{row.predicted_ms:.1f}" if row is not None and row.predicted_ms is not None else "-"
-        fat = f"{row.fat_ms:.1f}" if row is not None and row.fat_ms is not None else "-"
+        pred = ms_text(row.predicted_ms) if row is not None and row.predicted_ms is not None else "-"
+        fat = ms_text(row.fat_ms) if row is not None and row.fat_ms is not None else "-"
         # the first line of a refusal's reason (none yet while a mode is pending)
         what = ((row.shape or row.reason) if row is not None else None) or next(
             iter((m.reason or "").splitlines()), "")[:100]
@@ -114,7 +114,7 @@ def predicted_text(ms: float | None, sizes: dict[str, Any] | None) -> str:
     if ms is None:
         return ""
     shape = ", ".join(f"{kind} {size:g}" for kind, size in (sizes or {}).items())
-    return f"predicted {ms:.1f} ms" + (f" for {shape}" if shape else " (input shape not recorded)")
+    return f"predicted {ms_text(ms)} ms" + (f" for {shape}" if shape else " (input shape not recorded)")
 
 
 def traffic_text(traffic: dict[str, Any] | None) -> str:

@@ -50,7 +50,7 @@ from packrat.plan import same_shape
 from packrat.profile import library
 from packrat.profile.library import Checked
 from packrat.profile.shape import RECENT_S, RecentSizes, representative_sizes, shifted, sizes_by_batch, timed_sizes
-from packrat.types import Plan, Policy, Profile, TuneRecord
+from packrat.types import Plan, Policy, Profile, TuneRecord, ms_text
 from packrat.worker_counters import SizeHistogram
 
 if TYPE_CHECKING:  # the coordinator; it imports this module
@@ -167,8 +167,8 @@ class Tuning:
                      key: dict[str, Any]) -> dict[str, Any]:
         plan = result.plan
         base_row = result.per_mode[0] if result.per_mode else None  # the archive's own mode comes first
-        summary = (f"{tune.describe(plan)}: predicted {plan.predicted_latency_ms:.0f} ms at B={plan.batch}"
-                   + (f" (fat {base_row.mode}: {base_row.fat_ms:.0f} ms)"
+        summary = (f"{tune.describe(plan)}: predicted {ms_text(plan.predicted_latency_ms, '.0f')} ms at B={plan.batch}"
+                   + (f" (fat {base_row.mode}: {ms_text(base_row.fat_ms, '.0f')} ms)"
                       if base_row is not None and base_row.fat_ms else ""))
         tracker.set(stage="applying", text=f"applying {summary}", choice=plan.to_dict())
         swap = self.apply_choice(model, plan)

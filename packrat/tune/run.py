@@ -56,7 +56,7 @@ from packrat.profile.library import HASHES, check_mode_profile, profile_file
 from packrat.profile.probe import probe_archive
 from packrat.profile.shape import shifted, timed_sizes
 from packrat.tune.modes import ALL, candidate_modes, fallback_modes
-from packrat.types import Plan, Profile, TunePlanRow, TuneRecord
+from packrat.types import Plan, Profile, TunePlanRow, TuneRecord, ms_text
 
 DEFAULT_BATCH = 8  # planned for when no load has been observed yet
 # One model, every mode: guards, loads and points. 3 modes x ~60 s (2 loads, 8 points
@@ -495,7 +495,7 @@ def _plan_row(mp: ModePlan, best: ModePlan | None, quickest: ModePlan | None) ->
         return TunePlanRow(mp.mode, reason=mp.reason)
     kept = None
     if mp is best and quickest is not best:
-        kept = (f"chosen before {quickest.mode} ({quickest.plan.predicted_latency_ms:.0f} ms): "
+        kept = (f"chosen before {quickest.mode} ({ms_text(quickest.plan.predicted_latency_ms, '.0f')} ms): "
                 f"a later mode must be more than {MODE_MARGIN:.0%} faster")
     return TunePlanRow(mp.mode, predicted_ms=round(mp.plan.predicted_latency_ms, 3),
                        fat_ms=None if mp.plan.fat_latency_ms is None else round(mp.plan.fat_latency_ms, 3),

@@ -39,7 +39,8 @@ function svg(tag, attrs, text) {
 
 // -- formatting --------------------------------------------------------------------
 const num = (x, digits = 1) => (typeof x === "number" && isFinite(x) ? x.toFixed(digits) : "–");
-const ms = (x) => (typeof x === "number" && isFinite(x) ? `${x.toFixed(1)} ms` : "–");
+// Two significant digits below 1 ms: a no-op model's 0.04 ms is not "0.0 ms".
+const ms = (x) => (typeof x === "number" && isFinite(x) ? `${x > 0 && x < 1 ? x.toPrecision(2) : x.toFixed(1)} ms` : "–");
 const secs = (x) => (typeof x === "number" && isFinite(x) ? `${x.toFixed(1)} s` : "–");
 function clock(t) {
   if (typeof t !== "number" || !isFinite(t)) return "–";
