@@ -376,10 +376,15 @@ def test_controller_killed_in_a_swap_phase_recovers(stack, phase: str) -> None:
     answers: dict = {}
     threading.Thread(target=lambda: answers.update(apply=_quiet(ctl.apply, dst)), daemon=True).start()
     wait_for(lambda: (ctl.status()["swap_in_progress"] or {}).get("phase") == phase, 120, f"phase {phase}")
+    seen = len(ctl.log(tail=10**9).splitlines())  # the log is appended to across restarts
     ctl.kill()
     ctl.start()  # attach finishes the half-done swap
     # Killed before set-default the old shape stays; after it, the new one.
     st = assert_recovered(ctl, store, src if phase == "ready" else dst)
+    # ... and says which version it retired and why: the one loaded beside the default.
+    retired = [line for line in ctl.log(tail=10**9).splitlines()[seen:] if line.startswith(f"attach: {VICTIM} ")]
+    assert retired and all("retired (loaded beside the default version" in line for line in retired), ctl.log()
+    assert all(line.split()[2] != f"{st['version']}:" for line in retired), (st["version"], retired)
     load.stop()
     assert not load.failures(), load.failures()[:3]
     # The restart watch re-applies the plan in last-plans.json when its version is gone:

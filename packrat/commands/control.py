@@ -206,7 +206,7 @@ def _attach(controller: Controller) -> None:
     """Attach to TorchServe (finishing or undoing a swap a killed controller left) and say what runs."""
     cleaned = controller.attach()
     for c in cleaned:
-        typer.echo(f"cleaned up after an interrupted swap: {c}", err=True)
+        typer.echo(f"attach: {c}", err=True)
     for m in controller.models():
         try:
             st = controller.model_state(m)

@@ -48,7 +48,7 @@ def _retire_leftovers(swapper: Swapper, model_store: Path, name: str, default_ve
             continue  # still registered: its directory stays
         swapper.retire_dir(d.url)
         registered_urls.discard(d.url)
-        cleaned.append(f"{name} {d.version}")
+        cleaned.append(f"{name} {d.version}: retired (loaded beside the default version: a swap was cut short)")
     return cleaned, registered_urls
 
 
@@ -78,7 +78,10 @@ def _attach_model(client: ManagementClient, swapper: Swapper, model_store: Path,
     for path in model_store.glob(f"{name}.p*"):
         if path.name not in registered_urls and _packrat_version(path):
             versions.remove_version(path)
-            cleaned.append(str(path.name))
+            # Either a swap died before registering it, or TorchServe restarted without it
+            # (the restart watch then applies the last plan again: a new version, not this one).
+            cleaned.append(f"{path.name}: version directory removed (not registered: a swap was cut short "
+                           "before registering it, or TorchServe restarted since)")
     # What is live and Packrat's is the plan to keep live (a newer controller's view wins).
     live = model_store / default_url
     vdir = versions.load_version(live) if (live / versions.MANIFEST).exists() else None
