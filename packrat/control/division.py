@@ -159,9 +159,9 @@ class CoreDivision:
         division, why = keep_or_move(previous, proposed, demands, self.threshold)
         changed = previous is None or division.shares != previous.shares or division.rule != previous.rule
         if changed:
-            log.info("cores divided (%s, %s): %s; idle on %s: %s", division.rule, why,
-                     {m: list(c) for m, c in division.shares.items()}, list(division.shared),
-                     list(division.idle))
+            log.info("cores divided (%s, %s): %s; idle models %s on the shared cores %s", division.rule, why,
+                     {m: list(c) for m, c in division.shares.items()}, list(division.idle),
+                     list(division.shared))
         if previous is not None and changed:
             self.metrics.redivisions.labels(why).inc()
         for model in models:
