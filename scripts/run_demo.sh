@@ -9,7 +9,8 @@
 #   resnet50   image-classification, ResNet-50 shapes, seeded random weights
 #   noop       echo, no model: TorchServe's own round trip
 #
-# PACKRAT_FREE_PORTS=1 picks free ports instead of 8080-8082 (if those are taken).
+# PACKRAT_FREE_PORTS=1 picks free ports instead of 8080-8082 and the controller's 8085
+# (if those are taken); the lines printed at the end name the ports it took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PACKRAT=.venv/bin/packrat
@@ -30,9 +31,22 @@ for model in "${DEMO_MODELS[@]}"; do
   fi
 done
 
+# The controller's port: 8085, a free one with PACKRAT_FREE_PORTS=1, or the one chosen when
+# this TorchServe or controller started, while either runs (TorchServe's plugin forwards
+# /packrat/... there: its packrat_controller_url).
+controller_running=0
+[ -f .packrat/controller.pid ] && kill -0 "$(cat .packrat/controller.pid)" 2>/dev/null && controller_running=1
+if [ -f .packrat/controller.url ] && { [ "$ts_running" = 1 ] || [ "$controller_running" = 1 ]; }; then
+  API=$(cat .packrat/controller.url)
+elif [ "${PACKRAT_FREE_PORTS:-0}" = 1 ]; then
+  API="http://127.0.0.1:$(.venv/bin/python -c 'from packrat.server import free_ports; print(free_ports(1)[0])')"
+else
+  API=http://127.0.0.1:8085
+fi
 ports_flag=()
 [ "${PACKRAT_FREE_PORTS:-0}" = 1 ] && ports_flag=(--free-ports)
-"$PACKRAT" torchserve start --workdir "$WORKDIR" --model-store "$STORE" --config config.properties "${ports_flag[@]}"
+"$PACKRAT" torchserve start --workdir "$WORKDIR" --model-store "$STORE" --config config.properties \
+  --controller-url "$API" "${ports_flag[@]}"
 "$PACKRAT" torchserve register --workdir "$WORKDIR" "${DEMO_MODELS[@]}"
 
 # A demo picture for the image model (generated: no download).
@@ -49,21 +63,22 @@ MGMT=$("$PACKRAT" torchserve url management --workdir "$WORKDIR")
 TOKEN=$("$PACKRAT" torchserve keys inference --workdir "$WORKDIR")
 MTOKEN=$("$PACKRAT" torchserve keys management --workdir "$WORKDIR")
 
-# The Packrat controller beside it: live plan swaps, REST API on 127.0.0.1:8085
+# The Packrat controller beside it: live plan swaps, REST API on $API (127.0.0.1:8085)
 # and, through the plugin, on TorchServe's management port (management token),
 # see docs/live-plans.md. `make stop` stops it too.
 # It starts tuning every model at once, in the background (docs/tuning.md):
 # each model's execution modes are guarded and profiled, and the fastest
 # (mode, shape) is swapped in live. The models answer throughout.
-if [ -f .packrat/controller.pid ] && kill -0 "$(cat .packrat/controller.pid)" 2>/dev/null; then
+if [ "$controller_running" = 1 ]; then
   echo "controller already running (pid $(cat .packrat/controller.pid))"
 else
   : > .packrat/controller.log  # emptied here, not by the child: the wait below must not read the last run's
   nohup "$PACKRAT" controller --management-url "$MGMT" \
     --metrics-url "$("$PACKRAT" torchserve url metrics --workdir "$WORKDIR")" \
-    --key-file "$WORKDIR/key_file.json" --model-store "$STORE" --state-dir .packrat \
+    --key-file "$WORKDIR/key_file.json" --model-store "$STORE" --state-dir .packrat --port "${API##*:}" \
     >> .packrat/controller.log 2>&1 &
   echo $! > .packrat/controller.pid
+  echo "$API" > .packrat/controller.url
   # Until it listens (it says so once its port is bound), or says why it could not:
   # a port already taken, say, ends it seconds after this script would have said all is well.
   for _ in $(seq 1 240); do
@@ -87,15 +102,17 @@ if [ -f plugin/build/packrat-plugin.jar ]; then
     "curl -H \"$A\" -X POST -H 'X-Packrat-Body: {\"instances\": [{\"threads\": 1, \"batch\": 2}, {\"threads\": 1, \"batch\": 2}]}' $MGMT/packrat/models/minilm/apply"
   )
   TUNE_CURL="curl -H \"$A\" $MGMT/packrat/models/bert-base/tune"
-  OTHER_PORT="The same API on the controller's own port (sidecar/Kubernetes use): http://127.0.0.1:8085/v1/..."
+  OTHER_PORT="The same API on the controller's own port (sidecar/Kubernetes use): $API/v1/..."
 else
   PACKRAT_CURLS=(
-    "curl -H \"$A\" http://127.0.0.1:8085/v1/models/minilm/status"
-    "curl -H \"$A\" -H \"Content-Type: application/json\" -d '{\"instances\": [{\"threads\": 1, \"batch\": 2}, {\"threads\": 1, \"batch\": 2}]}' http://127.0.0.1:8085/v1/models/minilm/apply"
+    "curl -H \"$A\" $API/v1/models/minilm/status"
+    "curl -H \"$A\" -H \"Content-Type: application/json\" -d '{\"instances\": [{\"threads\": 1, \"batch\": 2}, {\"threads\": 1, \"batch\": 2}]}' $API/v1/models/minilm/apply"
   )
-  TUNE_CURL="curl -H \"$A\" http://127.0.0.1:8085/v1/models/bert-base/tune"
+  TUNE_CURL="curl -H \"$A\" $API/v1/models/bert-base/tune"
   OTHER_PORT="(No javac: the plugin for $MGMT/packrat/... was not built; install a JDK and run make setup.)"
 fi
+API_FLAG=""
+[ "$API" = http://127.0.0.1:8085 ] || API_FLAG=" --api $API"  # the CLI's default is 8085
 cat <<MSG
 
 TorchServe is running (workdir $WORKDIR, logs in $WORKDIR/logs). Try:
@@ -111,7 +128,7 @@ $OTHER_PORT
 
 Packrat is tuning every model in the background (execution mode x shape; about
 10-20 min for all five on 2 cores, docs/tuning.md; each model swaps to its tuned
-plan as soon as it is done). Follow it with:  .venv/bin/packrat status
+plan as soon as it is done). Follow it with:  .venv/bin/packrat status$API_FLAG
 (or $TUNE_CURL)
 
 Keys expire after 60 min: print fresh ones with  .venv/bin/packrat torchserve keys --workdir $WORKDIR

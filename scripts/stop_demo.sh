@@ -7,4 +7,5 @@ if [ -f .packrat/controller.pid ]; then
   kill "$(cat .packrat/controller.pid)" 2>/dev/null || true
   rm -f .packrat/controller.pid
 fi
+rm -f .packrat/controller.url  # the port the next make run chooses anew
 .venv/bin/packrat torchserve stop --workdir .packrat/torchserve

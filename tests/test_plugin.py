@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -289,3 +290,30 @@ def test_build_without_javac_says_so_and_succeeds(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "javac not found" in r.stderr and "8085" in r.stderr
     assert not (tmp_path / "plugin" / "build").exists()
+
+
+def test_torchserve_start_points_the_plugin_at_the_controller_url_it_is_given(tmp_path: Path) -> None:
+    """`make run` with PACKRAT_FREE_PORTS=1 starts its controller on a free port and tells
+    TorchServe's plugin where (`packrat torchserve start --controller-url`); the plugin
+    forwarded to 8085 whatever port the controller had before."""
+    subprocess.run([str(BUILD)], check=True)
+    if not JAR.exists():
+        pytest.skip("javac not found: the plugin was not built (scripts/build_plugin.sh)")
+    from packrat.archive import build_named
+
+    store, work = tmp_path / "store", tmp_path / "ts"
+    build_named("noop", store, MODEL)
+    url = f"http://127.0.0.1:{free_ports(1)[0]}"
+    cli = [sys.executable, "-m", "packrat.cli", "torchserve"]
+    start = subprocess.run(cli + ["start", "--workdir", str(work), "--model-store", str(store), "--config",
+                                  str(REPO / "config.properties"), "--free-ports", "--controller-url", url],
+                           capture_output=True, text=True, timeout=240)
+    try:
+        assert start.returncode == 0, start.stdout + start.stderr
+        server = RunningServer.attach(work)
+        # No controller listens there: the plugin's 503 names the URL it was given.
+        r = requests.get(f"{server.management_url}/packrat/models", headers=server.management_headers(), timeout=30)
+        assert r.status_code == 503 and url in r.json()["message"], r.text
+        assert "8085" not in r.json()["message"]
+    finally:
+        subprocess.run(cli + ["stop", "--workdir", str(work)], capture_output=True, timeout=120)

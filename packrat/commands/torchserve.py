@@ -27,6 +27,9 @@ def start(
     model_store: Path = setting_option("model_store"),
     config: Path = setting_option("ts_config"),
     free_ports: bool = typer.Option(False, "--free-ports", help="Free ports instead of the config's"),
+    controller_url: Optional[str] = typer.Option(
+        None, "--controller-url", help="where the endpoint plugin forwards /packrat/... (the config's "
+        "packrat_controller_url, else http://127.0.0.1:8085): the controller's --port, on loopback"),
 ) -> None:
     """Start TorchServe detached; returns once /ping is healthy."""
     from packrat.server import Ports, RunningServer, read_properties, start_torchserve
@@ -37,8 +40,9 @@ def start(
             typer.echo(f"TorchServe already running (pid {old.pid}) at {old.inference_url}")
             return
     ports = None if free_ports else Ports.fixed_from(read_properties(config))
+    extra = {"packrat_controller_url": controller_url} if controller_url else None
     try:
-        server = start_torchserve(model_store, workdir, config_template=config, ports=ports)
+        server = start_torchserve(model_store, workdir, config_template=config, ports=ports, extra_properties=extra)
     except PackratError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
