@@ -157,8 +157,8 @@ _TABLE: tuple[Setting, ...] = (
     Setting("pod_management_key", str, None, "refused when set: every process would inherit it (keys come "
             "as files, PACKRAT_KEYS_DIR)", env="PACKRAT_MANAGEMENT_KEY", scope="pod"),
     # -- scripts and tests ---------------------------------------------------------------
-    Setting("free_ports", bool, False, "scripts/run_demo.sh: free ports instead of 8080-8082 "
-            "and the controller's 8085",
+    Setting("free_ports", bool, False, "scripts/run_demo.sh: free ports instead of 8080-8082, "
+            "and for the controller if 8085 is taken",
             env="PACKRAT_FREE_PORTS", scope="scripts"),
     Setting("plugin_python", Path, Path(".venv/bin/python"), "scripts/build_plugin.sh: the Python whose "
             "torchserve wheel holds model-server.jar", env="PACKRAT_PYTHON", scope="scripts"),

@@ -31,15 +31,21 @@ for model in "${DEMO_MODELS[@]}"; do
   fi
 done
 
-# The controller's port: 8085, a free one with PACKRAT_FREE_PORTS=1, or the one chosen when
+# The controller's port: 8085 (with PACKRAT_FREE_PORTS=1 a free one if 8085 is taken), or the one chosen when
 # this TorchServe or controller started, while either runs (TorchServe's plugin forwards
 # /packrat/... there: its packrat_controller_url).
 controller_running=0
 [ -f .packrat/controller.pid ] && kill -0 "$(cat .packrat/controller.pid)" 2>/dev/null && controller_running=1
 if [ -f .packrat/controller.url ] && { [ "$ts_running" = 1 ] || [ "$controller_running" = 1 ]; }; then
   API=$(cat .packrat/controller.url)
-elif [ "${PACKRAT_FREE_PORTS:-0}" = 1 ]; then
-  API="http://127.0.0.1:$(.venv/bin/python -c 'from packrat.server import free_ports; print(free_ports(1)[0])')"
+elif [ "${PACKRAT_FREE_PORTS:-0}" = 1 ]; then  # 8085 while it is free: `packrat status` asks there by default
+  API="http://127.0.0.1:$(.venv/bin/python -c '
+from packrat.server import bind_reusing, free_ports
+try:
+    bind_reusing("127.0.0.1", 8085).close()
+    print(8085)
+except OSError:
+    print(free_ports(1)[0])')"
 else
   API=http://127.0.0.1:8085
 fi
@@ -86,7 +92,8 @@ else
     if ! kill -0 "$(cat .packrat/controller.pid)" 2>/dev/null; then
       echo "error: the Packrat controller exited (.packrat/controller.log):" >&2
       grep -E "^error:" .packrat/controller.log >&2 || tail -5 .packrat/controller.log >&2
-      echo "TorchServe is still running: make stop, or fix the cause and make run again." >&2
+      echo "TorchServe is still running: make stop, then fix the cause and make run again" \
+        "(a port taken: PACKRAT_FREE_PORTS=1 make run picks free ones)." >&2
       exit 1
     fi
     sleep 0.5
