@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from packrat.api.answers import render_status
 from packrat.apply import versions
 from packrat.bench.loadgen import ContinuousLoad
 from packrat.commands._client import shape_text
@@ -314,6 +315,29 @@ def test_the_restart_watch_leaves_the_swap_lock_alone_while_nothing_is_lost(stac
         assert lock.taken == 0
 
 
+def test_status_names_a_last_plan_whose_version_is_no_longer_loaded(stack, tmp_path: Path) -> None:
+    """Right after a restart every model read "applied <the tune's choice>" for ~20 s while
+    the base version served and the restart watch had still to apply that plan again."""
+    box, ctl, store, _ = stack
+    server = box["server"]
+    settings = ControllerSettings(management_url=server.management_url, key_file=server.key_file,
+                                  model_store=store, state_dir=tmp_path / "state", cores=usable_cores(2))
+    with in_process(ctl, settings) as c:
+        live = c.client.describe(VICTIM)["modelVersion"]
+        last = tmp_path / "state" / "last-plans.json"
+        plan = {"cores": 2, "batch": 2, "predicted_latency_ms": 0.0, "mode": "fp32-eager",
+                "instances": [{"threads": 1, "batch": 1, "latency_ms": 0.0}] * 2}
+        last.write_text(json.dumps({VICTIM: {"version": "p999", "url": f"{VICTIM}.p999", "plan": plan}}))
+        status = render_status(c.status(VICTIM))  # read before any tick: nothing applied it yet
+        assert status["lost_plan"]["version"] == "p999" and status["lost_plan"]["plan"] == plan, status
+        assert status["lost_plan"]["retry_in_s"] == 0.0
+        assert stage_text(status).startswith(
+            "to apply its last plan again (fp32-eager 2x(t1,b1): version p999 is no longer loaded); tune: ")
+        # Its version loaded (the default here): nothing to say.
+        last.write_text(json.dumps({VICTIM: {"version": live, "url": VICTIM, "plan": plan}}))
+        assert render_status(c.status(VICTIM))["lost_plan"] is None
+
+
 def test_status_shows_the_running_swap_and_a_second_apply_gets_409(stack) -> None:
     _, ctl, store, bystander = stack
     first: dict = {}
@@ -486,6 +510,7 @@ def test_torchserve_restart_reapplies_the_last_plan(own_stack) -> None:
     wait_for(lambda: len(new.management_client().describe(VICTIM)["workers"]) >= 1, 60, "the base model")
     # The controller notices that the version of its last swap is gone and applies the plan again.
     after = assert_recovered(ctl, store, TWO, timeout_s=120)
+    assert after["lost_plan"] is None, after  # applied again: nothing is lost any more
     # Applied again from the base model TorchServe loaded (version numbers may repeat:
     # the lost version's directory was removed first).
     last = json.loads((ctl.state / "swaps.jsonl").read_text().splitlines()[-1])

@@ -45,3 +45,15 @@ def test_a_sub_millisecond_prediction_is_not_read_as_zero() -> None:
     assert predicted_text(0.0412, None) == "predicted 0.041 ms (input shape not recorded)"
     assert ms_text(0.0412, ".0f") == "0.041" and ms_text(1837.1, ".0f") == "1837" and ms_text(65.61) == "65.6"
     assert ms_text(0.0) == "0.0" and ms_text(0.5) == "0.50"  # as the status page (toPrecision) writes it
+
+
+def test_a_lost_last_plan_leads_the_stage_until_its_swap_starts() -> None:
+    tune = {"text": "applied int8s-openvino 2x(t1,b4): predicted 190 ms at B=8"}
+    plan = {"mode": "int8s-openvino", "instances": [{"threads": 1, "batch": 4}] * 2}
+    st = {"model": "resnet50", "tune": tune, "swap_in_progress": None,
+          "lost_plan": {"version": "p1", "plan": plan, "retry_in_s": 0.0}}
+    assert stage_text(st) == ("to apply its last plan again (int8s-openvino 2x(t1,b4): version p1 is no longer "
+                              "loaded); tune: " + tune["text"])
+    # A swap of another model runs meanwhile (the watch applies one at a time): still waiting.
+    other = {"model": "bert-base", "plan": plan, "to_version": "p2", "phase": "ready"}
+    assert stage_text({**st, "swap_in_progress": other}).startswith("to apply its last plan again")

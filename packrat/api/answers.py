@@ -84,6 +84,9 @@ def render_status(s: ModelStatus) -> dict[str, Any]:
         "pin": s.pin,
         # The input shape of the traffic served (tokens, pixels, generated: requests, mean, p50, p90).
         "traffic": s.traffic,
+        # The last swap's version and plan while TorchServe no longer loads it (after a restart):
+        # the restart watch applies it again, in `retry_in_s` at the latest past a failed try.
+        "lost_plan": s.lost_plan,
     }
 
 

@@ -96,12 +96,19 @@ def status_command(
 
 
 def stage_text(status: dict[str, Any]) -> str:
-    """The tune's stage, led by the swap of this model under way if there is one: a tune's
-    "applied X" stays its last word while a later swap (a re-apply after a restart, the
-    re-plan loop's, an operator's) is still bringing its version up."""
+    """The tune's stage, led by the swap of this model under way if there is one, or by the
+    last plan the restart watch is to apply again: a tune's "applied X" stays its last word
+    while a later swap (a re-apply after a restart, the re-plan loop's, an operator's) is
+    still bringing its version up."""
     text = (status.get("tune") or {}).get("text") or "not tuned"
     swap = status.get("swap_in_progress") or {}
     if swap.get("model") != status.get("model"):
+        lost = status.get("lost_plan")
+        if lost:  # the restart watch's next swap
+            plan = lost.get("plan") or {}
+            target = " ".join(x for x in (plan.get("mode"), shape_text(plan) if plan.get("instances") else None) if x)
+            return (f"to apply its last plan again ({target or 'a Packrat plan'}: version {lost.get('version')} "
+                    f"is no longer loaded); tune: {text}")
         return text
     plan = swap.get("plan") or {}
     target = " ".join(x for x in (plan.get("mode"), shape_text(plan) if plan.get("instances") else None,

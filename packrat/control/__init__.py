@@ -176,6 +176,7 @@ class Controller:
             share=self.share_of(model),
             pin=self.pins.get(model),
             traffic=self.ticker.traffic.update(st),
+            lost_plan=self.swaps.lost_plan(model, (st.version, *st.other_versions)),
         )
 
     # -- plans, profiles and tunes (st: the request's reading, else read here once) -------

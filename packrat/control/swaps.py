@@ -209,6 +209,18 @@ class Swaps:
             if not handed_over:
                 self._release()
 
+    def lost_plan(self, model: str, loaded: Sequence[str]) -> dict[str, Any] | None:
+        """For status: the last swap's version and plan while none of the `loaded` versions of
+        `model` is that version and no swap of it runs, i.e. what the restart watch is about to
+        apply again (right after a restart the tune's "applied ..." reads as if it were live);
+        `retry_in_s`: how long its backoff still holds it. None otherwise."""
+        entry = self.files.last_plans().get(model)
+        running = self.running
+        if not entry or entry.get("version") in loaded or (running is not None and running.model == model):
+            return None
+        return {"version": entry.get("version"), "plan": entry.get("plan"),
+                "retry_in_s": round(max(0.0, self._reapply_after.get(model, 0.0) - self.clock()), 1)}
+
     def _unsure(self, models: Sequence[str],
                 default_urls: Mapping[str, str] | None) -> list[tuple[str, dict[str, Any]]]:
         """(model, last-plans.json entry) of the `models` whose last swap's version may be lost: all

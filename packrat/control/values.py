@@ -86,3 +86,5 @@ class ModelStatus:
     share: tuple[int, ...] | None = None  # the cores this model may use now (cores among models)
     pin: dict[str, Any] | None = None  # the operator's pin (packrat.control.pins), None: not pinned
     traffic: dict[str, Any] | None = None  # sizes served, per kind (packrat.control.traffic.shape)
+    # The last swap's version and plan when TorchServe no longer loads it (Swaps.lost_plan).
+    lost_plan: dict[str, Any] | None = None
