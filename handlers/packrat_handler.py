@@ -52,7 +52,13 @@ def initialize(context: Context) -> None:
     claim_and_pin(context.model_yaml_config)
     t0 = time.perf_counter()
     with lowered_priority():  # PACKRAT_LOAD_NICE: yield to the serving version while loading
-        _task = load_task(context.system_properties["model_dir"], context.model_yaml_config)
+        try:
+            _task = load_task(context.system_properties["model_dir"], context.model_yaml_config)
+        except Exception as exc:
+            # For the swap waiting on this worker: TorchServe only restarts it, and a refused
+            # mode (the guard's verdict is cached) would be refused at every restart.
+            report_startup(load_error=f"{type(exc).__name__}: {exc}"[:2000])
+            raise
     # Where this worker's start-up went, for the swap record (docs/live-plans.md):
     # the runner times building its mode, the guard and the warm-up; the rest is model load.
     runner = getattr(_task, "runner", None)

@@ -66,3 +66,8 @@ class SwapError(PackratError):
     def __init__(self, message: str, record: SwapRecord | None = None) -> None:
         super().__init__(message)
         self.record = record
+
+
+class ModeRefusedError(SwapError):
+    """The new version's workers refused to load its execution mode (its accuracy guard, or a
+    precision this CPU lacks): the request's fault, answered 422 like a mode refused up front."""

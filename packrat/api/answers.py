@@ -17,6 +17,7 @@ from packrat.control import ModelState, ModelStatus, WorkerState
 from packrat.errors import (
     BusyError,
     ConfigError,
+    ModeRefusedError,
     PackratError,
     PlanError,
     ProfileError,
@@ -130,7 +131,7 @@ def error_status(exc: PackratError) -> int:
     """Where each error leaf lands: the caller's fault is 4xx, TorchServe's or the swap's 5xx."""
     if isinstance(exc, TorchServeError):
         return 404 if exc.status == 404 else 502
-    if isinstance(exc, (ConfigError, PlanError)):
+    if isinstance(exc, (ConfigError, PlanError, ModeRefusedError)):
         return 422
     if isinstance(exc, ProfileError):
         return 404

@@ -59,7 +59,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ from packrat import slots
 from packrat.apply import versions
 from packrat.apply.client import ManagementClient, ModelDescription
 from packrat.apply.versions import VersionDir
-from packrat.errors import ConfigError, SwapError, TorchServeError
+from packrat.errors import ConfigError, ModeRefusedError, SwapError, TorchServeError
 from packrat.types import Plan, SwapRecord
 
 log = logging.getLogger(__name__)
@@ -288,6 +288,23 @@ def check_workers(described: ModelDescription | dict[str, Any], vdir: VersionDir
 STARTUP_PHASES = ("model_load", "mode_build", "guard", "warmup")
 
 
+def load_errors(pids: Iterable[int]) -> list[str]:
+    """What the handler reported from its failed load (`load_error` in the status file of
+    each of these workers that has one), in pid order."""
+    found = []
+    for pid in sorted(set(pids)):
+        error = (slots.read_worker_status(pid) or {}).get("startup", {}).get("load_error")
+        if error:
+            found.append(str(error))
+    return found
+
+
+def refusal(load_error: str) -> bool:
+    """A load error that is a verdict on the mode, not an accident: the accuracy guard's
+    refusal, or a precision this CPU lacks (packrat_tasks' own errors)."""
+    return load_error.startswith(("AccuracyGuardError", "PrecisionError"))
+
+
 def startup_breakdown(
     statuses: Sequence[dict[str, Any] | None], register_end: float, ready_end: float
 ) -> tuple[tuple[tuple[str, float], ...], tuple[dict[str, Any], ...]]:
@@ -455,7 +472,7 @@ class Swapper:
         except (TorchServeError, SwapError, ConfigError) as exc:
             outcome = self._rollback(model, old_version, vdir, defaulted, p.warnings)
             failed = p.finish(outcome, f"{type(exc).__name__}: {exc}")
-            raise SwapError(
+            raise (ModeRefusedError if isinstance(exc, ModeRefusedError) else SwapError)(
                 f"swap of {model} {old_version} -> {vdir.version} failed "
                 f"({outcome.replace('_', ' ')}): {exc}",
                 record=failed,
@@ -497,10 +514,16 @@ class Swapper:
             for w in d.workers:
                 if w.pid > 0:
                     pids_by_worker.setdefault(w.id, set()).add(w.pid)
+            errors = load_errors(pid for pids in pids_by_worker.values() for pid in pids)
+            refused = [e for e in errors if refusal(e)]
+            if refused:  # the guard's verdict is cached: every restart would refuse it again
+                raise ModeRefusedError(f"workers of {model} {vdir.version} refused mode "
+                                       f"{vdir.plan.mode or 'of the base archive'}: {refused[0]}")
             dying = {k: sorted(v) for k, v in pids_by_worker.items() if len(v) >= self.settings.max_worker_starts}
             if dying:
+                why = f": {errors[0]}" if errors else ""
                 raise SwapError(
-                    f"workers of {model} {vdir.version} keep dying while loading (worker id: pids {dying}); "
+                    f"workers of {model} {vdir.version} keep dying while loading{why} (worker id: pids {dying}); "
                     "see TorchServe's model_log.log"
                 )
             time.sleep(self.settings.poll_s * 2)  # ready_check: how late the swap sees READY

@@ -1,0 +1,60 @@
+"""An apply whose mode the new workers refuse (the accuracy guard, in the worker) is answered
+as the caller's mistake, naming the guard's numbers, at the first refusal.
+
+`packrat apply minilm --mode int8-eager` on the AVX2 EPYC: the guard refused int8-eager (min
+cosine 0.92), TorchServe restarted the worker three times, and the answer was HTTP 500
+"workers of minilm p2 keep dying while loading ...; see TorchServe's model_log.log".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import requests
+
+from packrat.api.answers import error_status
+from packrat.errors import ModeRefusedError, SwapError
+from packrat.types import Instance, Plan
+from serving_support import start_server, usable_cores
+
+MODEL = "strict-bert"
+# int8 moves tiny-bert's probabilities by ~1e-3: with no difference allowed the guard must refuse.
+STRICT = {"max_prob_diff": 0.0}
+
+
+def test_a_refused_mode_is_the_caller_s_mistake() -> None:
+    assert error_status(ModeRefusedError("refused")) == 422
+    assert error_status(SwapError("keep dying")) == 500
+
+
+@pytest.mark.torchserve
+@pytest.mark.slow
+def test_an_apply_in_a_mode_the_guard_refuses_says_so_and_keeps_serving(tmp_path: Path, monkeypatch) -> None:
+    from packrat.apply.swap import Swapper
+    from packrat.archive import ArchiveOptions, build_named
+
+    store = tmp_path / "store"
+    build_named("tiny-bert", store, MODEL, ArchiveOptions(extra={"guard": STRICT}))
+    server = start_server(store, tmp_path / "ts")
+    try:
+        monkeypatch.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))  # the Swapper reads the status files
+        client = server.management_client()
+        client.register(MODEL, MODEL, 1)
+        swapper = Swapper(client, store, cores=list(usable_cores(2)))
+        plan = Plan(cores=2, batch=1, instances=(Instance(1, 1, 0.0),), predicted_latency_ms=0.0, mode="int8-eager")
+        with pytest.raises(ModeRefusedError) as refused:
+            swapper.apply(MODEL, plan)
+        message = str(refused.value)
+        assert "refused mode int8-eager: AccuracyGuardError: accuracy guard REFUSED int8-eager" in message, message
+        assert "(<= 0.0: FAIL)" in message and "keep dying" not in message
+        record = refused.value.record
+        assert record is not None and record.outcome == "rolled_back", record
+        # Nothing changed for the model's users: the base version serves, alone.
+        described = client.describe_versions(MODEL)
+        assert [d.version for d in described] == ["1.0"], described
+        r = requests.post(f"{server.inference_url}/predictions/{MODEL}", data=b"still served",
+                          headers=server.inference_headers(), timeout=60)
+        assert r.status_code == 200, r.text
+    finally:
+        server.stop()
