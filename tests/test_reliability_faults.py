@@ -240,6 +240,13 @@ def test_api_fuzz_answers_only_documented_statuses(stack) -> None:
     assert_bystander_untouched(bystander)
 
 
+def own_settings(box: dict, store: Path, tmp_path: Path, **kw) -> ControllerSettings:
+    """An in-process controller's settings for the module's server, with a state dir of its own."""
+    server = box["server"]
+    return ControllerSettings(management_url=server.management_url, key_file=server.key_file,
+                              model_store=store, state_dir=tmp_path / "state", cores=usable_cores(2), **kw)
+
+
 @contextlib.contextmanager
 def in_process(ctl: Ctl, settings: ControllerSettings, **kw) -> Iterator[Controller]:
     """A Controller in this process instead of the module's subprocess one, holding the
@@ -269,11 +276,7 @@ def test_tick_survives_any_exception(stack, tmp_path: Path) -> None:
         def metrics_text(self) -> bytes:
             return b""
 
-    server = box["server"]
-    settings = ControllerSettings(management_url=server.management_url, key_file=server.key_file,
-                                  model_store=store, state_dir=tmp_path / "state", cores=usable_cores(2),
-                                  tick_s=0.05)
-    with in_process(ctl, settings, policy=Exploding()) as c:
+    with in_process(ctl, own_settings(box, store, tmp_path, tick_s=0.05), policy=Exploding()) as c:
         stop = threading.Event()
         t = threading.Thread(target=c.run, args=(stop,), daemon=True)
         t.start()
@@ -291,10 +294,7 @@ def test_the_restart_watch_leaves_the_swap_lock_alone_while_nothing_is_lost(stac
     # It ran every tick under the swap lock, describe calls included, so an apply that
     # arrived meanwhile got 409 "a swap is already running" with no swap running.
     box, ctl, store, _ = stack
-    server = box["server"]
-    settings = ControllerSettings(management_url=server.management_url, key_file=server.key_file,
-                                  model_store=store, state_dir=tmp_path / "state", cores=usable_cores(2))
-    with in_process(ctl, settings) as c:
+    with in_process(ctl, own_settings(box, store, tmp_path)) as c:
         live = c.client.describe(VICTIM)["modelVersion"]
         (tmp_path / "state" / "last-plans.json").write_text(json.dumps(
             {VICTIM: {"version": live, "url": f"{VICTIM}.{live}", "plan": {"instances": TWO}}}))
@@ -319,10 +319,7 @@ def test_status_names_a_last_plan_whose_version_is_no_longer_loaded(stack, tmp_p
     """Right after a restart every model read "applied <the tune's choice>" for ~20 s while
     the base version served and the restart watch had still to apply that plan again."""
     box, ctl, store, _ = stack
-    server = box["server"]
-    settings = ControllerSettings(management_url=server.management_url, key_file=server.key_file,
-                                  model_store=store, state_dir=tmp_path / "state", cores=usable_cores(2))
-    with in_process(ctl, settings) as c:
+    with in_process(ctl, own_settings(box, store, tmp_path)) as c:
         live = c.client.describe(VICTIM)["modelVersion"]
         last = tmp_path / "state" / "last-plans.json"
         plan = {"cores": 2, "batch": 2, "predicted_latency_ms": 0.0, "mode": "fp32-eager",
