@@ -58,3 +58,25 @@ def test_an_apply_in_a_mode_the_guard_refuses_says_so_and_keeps_serving(tmp_path
         assert r.status_code == 200, r.text
     finally:
         server.stop()
+
+
+def test_load_errors_come_from_the_workers_status_files(tmp_path: Path, monkeypatch) -> None:
+    """What the swap quotes: each worker's own report of its failed load, a refusal told
+    from an accident by the handler's error class."""
+    import json
+
+    from packrat.apply.swap import load_errors, refusal
+    from packrat.slots import worker_status_path
+
+    monkeypatch.setenv("PACKRAT_SLOT_DIR", str(tmp_path / "slots"))
+    reports = {101: "AccuracyGuardError: accuracy guard REFUSED int8-eager (...)",
+               102: "OSError: [Errno 28] No space left on device", 103: None}
+    for pid, error in reports.items():
+        path = worker_status_path(pid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        startup = {"load_error": error} if error else {"loaded_at": 1.0}
+        path.write_text(json.dumps({"pid": pid, "startup": startup}))
+    # pid 104 has no status file (died before writing one): nothing to quote for it
+    assert load_errors([104, 103, 102, 101, 102]) == [reports[101], reports[102]]
+    assert [refusal(e) for e in load_errors([101, 102])] == [True, False]
+    assert refusal("PrecisionError: packrat.precision bf16 needs a CPU with native bf16")
