@@ -8,6 +8,7 @@ cosine 0.92), TorchServe restarted the worker three times, and the answer was HT
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from packrat.api.answers import error_status
 from packrat.errors import ModeRefusedError, SwapError
 from packrat.types import Instance, Plan
 from serving_support import start_server, usable_cores
+from waiting import wait_until
 
 MODEL = "strict-bert"
 # int8 moves tiny-bert's probabilities by ~1e-3: with no difference allowed the guard must refuse.
@@ -63,8 +65,6 @@ def test_an_apply_in_a_mode_the_guard_refuses_says_so_and_keeps_serving(tmp_path
 def test_load_errors_come_from_the_workers_status_files(tmp_path: Path, monkeypatch) -> None:
     """What the swap quotes: each worker's own report of its failed load, a refusal told
     from an accident by the handler's error class."""
-    import json
-
     from packrat.apply.swap import load_errors, refusal
     from packrat.slots import worker_status_path
 
@@ -80,3 +80,44 @@ def test_load_errors_come_from_the_workers_status_files(tmp_path: Path, monkeypa
     assert load_errors([104, 103, 102, 101, 102]) == [reports[101], reports[102]]
     assert [refusal(e) for e in load_errors([101, 102])] == [True, False]
     assert refusal("PrecisionError: packrat.precision bf16 needs a CPU with native bf16")
+
+
+@pytest.mark.torchserve
+@pytest.mark.slow
+def test_a_last_plan_refused_after_a_restart_is_not_applied_again_and_again(tmp_path: Path) -> None:
+    """The restart watch applies the last plan again when TorchServe lost its version; if
+    the workers now refuse its mode (the state dir moved to another CPU, say), each try
+    loaded the model and was refused, every 30 s for as long as the controller ran."""
+    from packrat.archive import ArchiveOptions, build_named
+    from packrat.control import Controller, ControllerSettings
+
+    store = tmp_path / "store"
+    build_named("tiny-bert", store, MODEL, ArchiveOptions(extra={"guard": STRICT}))
+    server = start_server(store, tmp_path / "ts")
+    try:
+        server.management_client().register(MODEL, MODEL, 1)
+        state = tmp_path / "state"
+        state.mkdir()
+        plan = Plan(cores=2, batch=1, instances=(Instance(1, 1, 0.0),), predicted_latency_ms=0.0, mode="int8-eager")
+        (state / "last-plans.json").write_text(json.dumps(
+            {MODEL: {"version": "p7", "url": f"{MODEL}.p7", "plan": plan.to_dict()}}))
+        settings = ControllerSettings(management_url=server.management_url, key_file=server.key_file,
+                                      model_store=store, state_dir=state, cores=usable_cores(2),
+                                      reapply_backoff_s=0.0)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))
+            c = Controller(settings)
+            c.acquire()
+            try:
+                assert c.watch([MODEL]) == [MODEL]  # p7 is not loaded: applied again
+                wait_until(lambda: c.swaps.running is None, 120, "the re-apply to end")
+                assert MODEL not in c.files.last_plans()  # refused: forgotten
+                assert c.watch([MODEL]) == []  # no backoff here, and still not tried again
+                history = [json.loads(line) for line in (state / "swaps.jsonl").read_text().splitlines()]
+                assert [h["outcome"] for h in history] == ["rolled_back"]
+                assert "ModeRefusedError" in history[0]["error"], history[0]
+            finally:
+                c.release()
+        assert [d.version for d in server.management_client().describe_versions(MODEL)] == ["1.0"]
+    finally:
+        server.stop()

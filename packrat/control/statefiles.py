@@ -158,6 +158,12 @@ class StateFiles:
                                "plan": record.plan.to_dict()}
         self.save_last_plans(plans)
 
+    def forget(self, model: str) -> None:
+        """Drop `model`'s last plan: the restart watch no longer applies it again."""
+        plans = self.last_plans()
+        if plans.pop(model, None) is not None:
+            self.save_last_plans(plans)
+
     # -- the re-plan policy's state, and the division of cores ------------------------
     def policy_state(self) -> dict[str, Any]:
         """The policy's state: read from the file once, then what was last saved."""

@@ -26,7 +26,7 @@ from packrat.apply.swap import Swapper
 from packrat.control.history import History
 from packrat.control.metrics import ControllerMetrics
 from packrat.control.statefiles import LAST_PLANS_FILE, StateFiles
-from packrat.errors import BusyError, SwapError, TorchServeError
+from packrat.errors import BusyError, ModeRefusedError, SwapError, TorchServeError
 from packrat.types import Plan, SwapRecord
 
 log = logging.getLogger("packrat.controller")
@@ -43,6 +43,7 @@ class SwapTask:
     done: threading.Event = field(default_factory=threading.Event)
     record: SwapRecord | None = None
     error: BaseException | None = None
+    reapply: bool = False  # the restart watch's: the last plan applied again
 
 
 class Swaps:
@@ -89,14 +90,14 @@ class Swaps:
         share = self.share_of(model)
         return share if plan.threads_used <= len(share) else self.cores
 
-    def start_locked(self, model: str, plan: Plan) -> SwapTask:
+    def start_locked(self, model: str, plan: Plan, reapply: bool = False) -> SwapTask:
         """start() for a caller that holds the lock; the swap thread releases it."""
         try:
             versions.validate_plan(plan, len(self.cores))
             # TorchServeError 404 for an unknown model, before anything; read under the lock,
             # so it is what the swap replaces.
             current = self.swapper.current(model)
-            task = SwapTask(model, plan, self.swap_cores(model, plan), current)
+            task = SwapTask(model, plan, self.swap_cores(model, plan), current, reapply=reapply)
             self.running = SwapRecord(model, None, None, plan, self.clock(), phase="starting")
             self.metrics.swap_running.set(1)
             threading.Thread(target=self._run, args=(task,), name=f"packrat-swap-{model}",
@@ -156,6 +157,11 @@ class Swaps:
             if exc.record is not None:
                 self.metrics.observe_phases(exc.record)
                 self.history.append_quietly(exc.record.to_dict())
+            if isinstance(exc, ModeRefusedError) and task.reapply:
+                # Its workers refuse that mode here now (another CPU under the same state dir,
+                # say): every 30 s it would load and be refused again. The live version serves on.
+                log.warning("%s: the last plan's mode is refused here (%s); not applying it again", task.model, exc)
+                self.files.forget(task.model)
         except BaseException as exc:  # reported to the caller; the swap thread must not die silently
             task.error = exc
             self.metrics.swaps.labels(task.model, "error").inc()
@@ -201,7 +207,7 @@ class Swaps:
                 self.swapper.retire_dir(str(entry.get("url")))
                 plan = Plan.from_dict(entry["plan"])
                 handed_over = True  # start_locked releases the lock, also when it fails
-                self.start_locked(model, plan)
+                self.start_locked(model, plan, reapply=True)
                 self.metrics.reapplies.labels(model).inc()
                 return [model]  # one swap at a time
             return []
