@@ -9,12 +9,22 @@
     ├── TorchServeError      TorchServe's REST API answered with an error (translated in packrat.apply only)
     ├── ServerError          a TorchServe process did not start, or its workers did not come up
     ├── SwapError            applying a plan failed (and was rolled back); carries its record
+    │   └── ModeRefusedError     the new workers refused its mode (accuracy guard, precision)
     └── BusyError            a swap or a profiling job is already running
 """
 
 from __future__ import annotations
 
+import re
+
 from packrat.types import SwapRecord
+
+
+def root_cause(exc: BaseException) -> str:
+    """The reason at the bottom of requests' wrapped errors ("Connection refused"), else the
+    whole text: their repr nests pools, URLs and object addresses around it."""
+    found = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(exc))
+    return found.group(1).strip() if found else str(exc)
 
 
 class PackratError(Exception):
@@ -49,7 +59,15 @@ class TorchServeError(PackratError):
         self.url = url
         self.status = status
         self.body = body
-        super().__init__(f"{method} {url} -> HTTP {status}: {body[:500]}")
+        if status == 0:  # no answer at all (unreachable())
+            super().__init__(f"{method} {url}: TorchServe does not answer ({body.removeprefix('unreachable: ')[:500]})")
+        else:
+            super().__init__(f"{method} {url} -> HTTP {status}: {body[:500]}")
+
+    @classmethod
+    def unreachable(cls, method: str, url: str, exc: BaseException) -> "TorchServeError":
+        """No answer from TorchServe (refused, timed out): status 0, the transport's reason."""
+        return cls(method, url, 0, f"unreachable: {root_cause(exc)}")
 
 
 class BusyError(PackratError):

@@ -134,5 +134,8 @@ def test_fault_statuses_are_translated(tmp_path: Path) -> None:
         with pytest.raises(TorchServeError) as info:
             c.list_models()
         assert info.value.status == 0 and "unreachable" in info.value.body
+        # One line with the reason, not requests' nested repr (seen in `packrat status` once
+        # TorchServe had died: "HTTP 0: unreachable: HTTPConnectionPool(host=...) Max retries ...").
+        assert str(info.value).endswith(": TorchServe does not answer (Connection refused)"), str(info.value)
     finally:
         httpd.server_close()

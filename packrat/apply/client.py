@@ -53,7 +53,7 @@ def scrape_metrics(metrics_url: str, *, timeout_s: float = 5.0,
     try:
         resp = (session or requests).get(url, timeout=timeout_s)
     except requests.RequestException as exc:
-        raise TorchServeError("GET", url, 0, f"unreachable: {exc}") from exc
+        raise TorchServeError.unreachable("GET", url, exc) from exc
     if resp.status_code >= 400:
         raise TorchServeError("GET", url, resp.status_code, resp.text)
     return resp.text
@@ -192,7 +192,7 @@ class ManagementClient:
                 timeout=self.timeout_s,
             )
         except requests.RequestException as exc:
-            raise TorchServeError("POST", url, 0, f"unreachable: {exc}") from exc
+            raise TorchServeError.unreachable("POST", url, exc) from exc
         if resp.status_code >= 400:
             raise TorchServeError("POST", url, resp.status_code, resp.text)
         self._keys = None  # force a re-read of the file TorchServe just rewrote
@@ -233,7 +233,7 @@ class ManagementClient:
                     self.refresh_management_key()
                 resp = self._send(method, url, params, timeout)
         except _Unreachable as exc:
-            raise TorchServeError(method, url, 0, f"unreachable: {exc}") from exc
+            raise TorchServeError.unreachable(method, url, exc) from exc
         except requests.RequestException as exc:
             raise TorchServeError(method, url, 0, f"request failed: {exc}") from exc
         return self._decode(method, url, resp)

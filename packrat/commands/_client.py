@@ -7,7 +7,6 @@ time (keys expire hourly), and goes only to a listener of the caller's own user
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import typer
 from packrat import settings
 from packrat.apply.keys import KEY_FILE_NAME
 from packrat.commands._options import setting_option
+from packrat.errors import root_cause
 
 API = setting_option("api_url")
 # In TorchServe's default working directory (`packrat torchserve start`, `make run`).
@@ -73,7 +73,7 @@ def _ask(method: str, url: str, key_file: Path, body: Any, timeout_s: float) -> 
     try:
         r = requests.request(method, url, json=body, headers=_headers(key_file), timeout=timeout_s)
     except requests.RequestException as exc:
-        typer.echo(f"error: the controller at {url} does not answer ({_cause(exc)}); is `packrat controller` "
+        typer.echo(f"error: the controller at {url} does not answer ({root_cause(exc)}); is `packrat controller` "
                    "running?", err=True)
         raise typer.Exit(1) from None
     try:
@@ -86,12 +86,6 @@ def _ask(method: str, url: str, key_file: Path, body: Any, timeout_s: float) -> 
                    err=True)
         raise typer.Exit(1)
     return r.status_code, answer
-
-
-def _cause(exc: Exception) -> str:
-    """The reason at the bottom of requests' wrapped errors ("Connection refused"), else the whole text."""
-    found = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(exc))
-    return found.group(1).strip() if found else str(exc)
 
 
 def shape_text(plan: dict[str, Any] | None) -> str:

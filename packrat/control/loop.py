@@ -145,7 +145,7 @@ class Ticker:
             models = {m["modelName"]: m.get("modelUrl", "") for m in self.client.list_models()}
         except TorchServeError as exc:
             if not self.unreachable:
-                log.warning("TorchServe's management API does not answer: %s", exc)
+                log.warning("TorchServe's management API fails the tick's list of models: %s", exc)
             self.unreachable = True
             self.metrics.unreachable.set(1)
             return None
