@@ -139,3 +139,37 @@ def test_fault_statuses_are_translated(tmp_path: Path) -> None:
         assert str(info.value).endswith(": TorchServe does not answer (Connection refused)"), str(info.value)
     finally:
         httpd.server_close()
+
+
+@pytest.mark.torchserve
+def test_printed_keys_work_after_their_expiry(torchserve) -> None:
+    """`make run` says "Keys expire after 60 min: print fresh ones with packrat torchserve
+    keys"; TorchServe 0.12 does not renew them, so the command printed the expired key."""
+    import subprocess
+    import sys
+
+    import requests
+
+    key_file = torchserve.key_file
+    data = json.loads(key_file.read_text())
+    old = data["inference"]["key"]
+    data["inference"]["expiration time"] = "2020-01-01T00:00:00Z"  # as TorchServe writes it
+    _rewrite(key_file, data)
+    cli = [sys.executable, "-m", "packrat.cli", "torchserve", "keys", "--workdir", str(torchserve.workdir)]
+    out = subprocess.run(cli + ["inference"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    new = out.stdout.strip()
+    assert new != old and new == read_keys(key_file).inference.key
+    assert not read_keys(key_file).inference.expired()
+
+    def inference_with(key: str) -> int:
+        return requests.post(f"{torchserve.inference_url}/predictions/no-such-model", data=b"x",
+                             headers={"Authorization": f"Bearer {key}"}, timeout=30).status_code
+
+    assert inference_with(new) == 404  # let in: no such model
+    assert inference_with(old) == 400  # TorchServe's refusal of a key it no longer holds
+    # A key that has not expired is printed as it is, and nothing is renewed.
+    again = subprocess.run(cli + ["inference"], capture_output=True, text=True, timeout=60)
+    assert again.stdout.strip() == new
+    wrong = subprocess.run(cli + ["secret"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "'secret' is not one of: inference, management, api" in wrong.stderr

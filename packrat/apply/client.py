@@ -176,18 +176,22 @@ class ManagementClient:
         return keys.management.key
 
     def refresh_management_key(self) -> Keys:
-        """Ask TorchServe for a new management key (token API, authorised by the API key).
+        return self.refresh_key("management")
+
+    def refresh_key(self, kind: str) -> Keys:
+        """Ask TorchServe for a new `kind` key, management or inference (token API, authorised
+        by the API key, which does not expire). The old key stops working at once.
 
         TorchServe rewrites key_file.json itself; we re-read it from there.
         """
         keys = self.keys()
         if keys is None:
-            raise TorchServeError("POST", f"{self.base}/token", 0, "no key file to refresh the management key from")
+            raise TorchServeError("POST", f"{self.base}/token", 0, f"no key file to refresh the {kind} key from")
         url = f"{self.base}/token"
         try:
             resp = self.session.post(
                 url,
-                params={"type": "management"},
+                params={"type": kind},
                 headers=keys.api.bearer(),
                 timeout=self.timeout_s,
             )

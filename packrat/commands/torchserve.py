@@ -99,10 +99,25 @@ def register_models(
 
 @ts_app.command("keys")
 def keys(workdir: Path = WORKDIR, kind: Optional[str] = typer.Argument(None)) -> None:
-    """Print the keys (or one of: inference, management, api)."""
+    """Print the keys (or one of: inference, management, api); an expired one is replaced
+    first through TorchServe's token API, so what is printed works."""
+    from packrat.apply.client import ManagementClient
     from packrat.apply.keys import KEY_FILE_NAME, read_keys
+    from packrat.server import RunningServer
 
-    k = read_keys(workdir / KEY_FILE_NAME)
+    if kind not in (None, "inference", "management", "api"):
+        raise typer.BadParameter(f"{kind!r} is not one of: inference, management, api", param_hint="KIND")
+    key_file = workdir / KEY_FILE_NAME
+    k = read_keys(key_file)
+    stale = [w for w in ("inference", "management") if kind in (None, w) and getattr(k, w).expired()]
+    if stale:  # TorchServe 0.12 does not renew them itself (token_expiration_min, 60 by default)
+        client = ManagementClient(RunningServer.attach(workdir).management_url, key_file)
+        try:
+            for which in stale:
+                k = client.refresh_key(which)
+        except PackratError as exc:
+            typer.echo(f"error: the {', '.join(stale)} key expired and could not be renewed: {exc}", err=True)
+            raise typer.Exit(1) from None
     if kind:
         typer.echo({"inference": k.inference, "management": k.management, "api": k.api}[kind].key)
         return
