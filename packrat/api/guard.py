@@ -35,9 +35,9 @@ OPEN_PATHS = frozenset({"/metrics", "/openapi.json", "/healthz", *WEB_PATHS})
 UNAUTHORISED = ("missing or wrong token: send Authorization: Bearer <management key from "
                 "TorchServe's key_file.json>")
 NO_KEY_FILE = "cannot read TorchServe's key file"
-EXPIRED = ("the management key expired at {at} and TorchServe has not rotated it: restart TorchServe, or mint "
-           "a new one (POST <management url>/token?type=management with the API key from key_file.json), then "
-           "send the new one (`packrat torchserve keys management` prints it)")
+EXPIRED = ("the management key expired at {at} and TorchServe has not rotated it: `packrat torchserve keys "
+           "management` mints a new one and prints it (or POST <management url>/token?type=management with the "
+           "API key from key_file.json; or restart TorchServe), then send the new one")
 
 
 def token_status(controller: Controller, authorization: str | None) -> tuple[int, str]:
