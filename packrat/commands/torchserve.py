@@ -111,11 +111,15 @@ def keys(workdir: Path = WORKDIR, kind: Optional[str] = typer.Argument(None)) ->
     k = read_keys(key_file)
     stale = [w for w in ("inference", "management") if kind in (None, w) and getattr(k, w).expired()]
     if stale:  # TorchServe 0.12 does not renew them itself (token_expiration_min, 60 by default)
-        client = ManagementClient(RunningServer.attach(workdir).management_url, key_file)
         try:
+            client = ManagementClient(RunningServer.attach(workdir).management_url, key_file)
             for which in stale:
                 k = client.refresh_key(which)
-        except PackratError as exc:
+        except FileNotFoundError:
+            typer.echo(f"error: the {', '.join(stale)} key expired and no TorchServe runs from {workdir} to renew "
+                       "it: start one (make run, packrat torchserve start)", err=True)
+            raise typer.Exit(1) from None
+        except (OSError, PackratError) as exc:
             typer.echo(f"error: the {', '.join(stale)} key expired and could not be renewed: {exc}", err=True)
             raise typer.Exit(1) from None
     if kind:
