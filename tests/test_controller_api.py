@@ -555,3 +555,45 @@ def test_cli_applies_in_a_mode_pins_and_unpins(stack) -> None:
     assert r.returncode == 1 and "HTTP 422" in r.stderr and "unknown mode" in r.stderr, r.stderr
     r = _cli(ctl, "apply", MODEL, "--shape", "2x(t1,b")
     assert r.returncode == 2 and "is not Nx(tT,bB)" in r.stderr, r.stderr
+
+
+OWN_HANDLER = '''
+def handle(data, context):
+    if data is None:
+        return None
+    return [{"bytes": len(row.get("body") or row.get("data") or b"")} for row in data]
+'''
+
+
+def test_a_model_with_its_own_handler_is_served_but_refused_a_plan_at_once(stack) -> None:
+    """A user's own model beside the Packrat ones (`packrat controller` next to their
+    TorchServe): an apply waited its whole ready timeout (300 s) for workers that never
+    report a pin, holding the swap lock, then failed with 500 "not READY and pinned"."""
+    server, ctl, store = stack
+    name = "own-handler"
+    model = store / name
+    (model / "MAR-INF").mkdir(parents=True)
+    (model / "handler.py").write_text(OWN_HANDLER)
+    (model / "model_config.yaml").write_text("minWorkers: 1\nmaxWorkers: 1\nbatchSize: 1\n")
+    (model / "MAR-INF" / "MANIFEST.json").write_text(json.dumps({"runtime": "python", "model": {
+        "modelName": name, "handler": "handler.py", "modelVersion": "1.0", "configFile": "model_config.yaml"}}))
+    client = server.management_client()
+    client.register(name, name, 1)
+    try:
+        st = ctl.get(f"/v1/models/{name}/status").json()
+        assert (st["version"], st["plan"], st["mode"]) == ("1.0", None, None), st
+        swaps = len(ctl.get("/v1/swaps").json())
+        for path, body in ((f"/v1/models/{name}/apply", {"instances": [{"threads": 1, "batch": 1}], "pin": False}),
+                           (f"/v1/models/{name}/apply", {"batch": 1, "pin": False}),
+                           (f"/v1/models/{name}/plan", {"batch": 1}),
+                           (f"/v1/models/{name}/profile", {"max_batch": 1}),
+                           (f"/v1/models/{name}/tune", {})):
+            r = ctl.post(path, body)
+            assert r.status_code == 422 and "is not a Packrat archive" in r.json()["detail"], (path, r.text)
+        assert len(ctl.get("/v1/swaps").json()) == swaps  # refused before anything was attempted
+        r = requests.post(f"{server.inference_url}/predictions/{name}", data=b"hello",
+                          headers=server.inference_headers(), timeout=60)
+        assert r.status_code == 200 and r.json() == {"bytes": 5}, r.text
+    finally:
+        client.unregister(name, "1.0")
+        shutil.rmtree(model)

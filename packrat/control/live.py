@@ -109,6 +109,24 @@ def base_of(swapper: Swapper, model_store: Path, st: ModelState) -> tuple[str, P
     return base, model_store / base
 
 
+def packrat_base(swapper: Swapper, model_store: Path, st: ModelState) -> Path | None:
+    """The base archive behind the live version `st` when it is a Packrat archive (its
+    handler pins workers and reports them), else None: a model served by its own handler."""
+    if st.mode is None:
+        return None
+    _, base_dir = base_of(swapper, model_store, st)
+    return base_dir if (base_dir / "packrat_handler.py").is_file() else None
+
+
+def require_packrat(swapper: Swapper, model_store: Path, st: ModelState, what: str) -> Path:
+    """packrat_base(), or ConfigError saying why `what` needs one."""
+    base_dir = packrat_base(swapper, model_store, st)
+    if base_dir is None:
+        raise ConfigError(f"{st.model}: its live version is not a Packrat archive (no packrat_handler.py or "
+                          f"packrat.task): {what}; build one with `packrat archive`")
+    return base_dir
+
+
 class Observer:
     """TorchServe's request counters per model, and the mean latency between two readings.
 

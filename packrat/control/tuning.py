@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from packrat import tune
 from packrat.apply.swap import Swapper
-from packrat.control.live import base_of
+from packrat.control.live import base_of, packrat_base, require_packrat
 from packrat.control.swaps import Swaps
 from packrat.control.traffic import plan_batch, profile_shape, why_moved, why_retune, worker_sizes
 from packrat.control.values import ModelState
@@ -89,11 +89,9 @@ class Tuning:
     def key(self, st: ModelState) -> dict[str, Any] | None:
         """What a tune of the model is valid for (base archive, its hash, this machine);
         None when the live version is not a Packrat archive (nothing to tune)."""
-        if st.mode is None:
-            return None
-        base, base_dir = base_of(self.swapper, self.model_store, st)
-        if not (base_dir / "packrat_handler.py").is_file():
+        if packrat_base(self.swapper, self.model_store, st) is None:
             return None  # a model served by its own handler: no modes to try
+        base, base_dir = base_of(self.swapper, self.model_store, st)
         return tune.tune_key(base_dir, base)
 
     def record(self, model: str) -> TuneRecord | None:
@@ -118,10 +116,8 @@ class Tuning:
     def start(self, st: ModelState, options: TuneOptions, trigger: str = "request") -> Job:
         """Tune the model in the background (see Controller.start_tune)."""
         model = st.model
+        require_packrat(self.swapper, self.model_store, st, "nothing to tune")
         base, base_dir = base_of(self.swapper, self.model_store, st)
-        if st.mode is None or not (base_dir / "packrat_handler.py").is_file():
-            raise ConfigError(f"{model}: its live version is not a Packrat archive (no packrat_handler.py "
-                              "or packrat.task); nothing to tune")
         if self.pinned(model):
             raise BusyError(f"{model} is pinned by an operator: unpin it first "
                             f'(PUT /v1/models/{model}/pin {{"pinned": false}})')
