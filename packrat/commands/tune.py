@@ -102,18 +102,22 @@ def stage_text(status: dict[str, Any]) -> str:
     still bringing its version up."""
     text = (status.get("tune") or {}).get("text") or "not tuned"
     swap = status.get("swap_in_progress") or {}
-    if swap.get("model") != status.get("model"):
-        lost = status.get("lost_plan")
-        if lost:  # the restart watch's next swap
-            plan = lost.get("plan") or {}
-            target = " ".join(x for x in (plan.get("mode"), shape_text(plan) if plan.get("instances") else None) if x)
-            return (f"to apply its last plan again ({target or 'a Packrat plan'}: version {lost.get('version')} "
-                    f"is no longer loaded); tune: {text}")
-        return text
-    plan = swap.get("plan") or {}
-    target = " ".join(x for x in (plan.get("mode"), shape_text(plan) if plan.get("instances") else None,
-                                  f"as version {swap['to_version']}" if swap.get("to_version") else None) if x)
-    return f"swapping to {target or 'a new plan'} ({swap.get('phase') or 'starting'}); tune: {text}"
+    if swap.get("model") == status.get("model"):
+        version = f" as version {swap['to_version']}" if swap.get("to_version") else ""
+        return (f"swapping to {_target(swap.get('plan'), 'a new plan')}{version} "
+                f"({swap.get('phase') or 'starting'}); tune: {text}")
+    lost = status.get("lost_plan")
+    if lost:  # the restart watch's next swap
+        return (f"to apply its last plan again ({_target(lost.get('plan'), 'a Packrat plan')}: version "
+                f"{lost.get('version')} is no longer loaded); tune: {text}")
+    return text
+
+
+def _target(plan: dict[str, Any] | None, otherwise: str) -> str:
+    """A plan's wire form as "<mode> <shape>" (what it has of them), else `otherwise`."""
+    plan = plan or {}
+    words = [w for w in (plan.get("mode"), shape_text(plan) if plan.get("instances") else None) if w]
+    return " ".join(words) or otherwise
 
 
 def predicted_text(ms: float | None, sizes: dict[str, Any] | None) -> str:
