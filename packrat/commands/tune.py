@@ -102,7 +102,7 @@ def stage_text(status: dict[str, Any]) -> str:
     still bringing its version up."""
     text = (status.get("tune") or {}).get("text") or "not tuned"
     swap = status.get("swap_in_progress") or {}
-    if swap.get("model") == status.get("model"):
+    if swap and swap.get("model") == status.get("model"):
         version = f" as version {swap['to_version']}" if swap.get("to_version") else ""
         return (f"swapping to {_target(swap.get('plan'), 'a new plan')}{version} "
                 f"({swap.get('phase') or 'starting'}); tune: {text}")
