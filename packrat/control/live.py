@@ -109,9 +109,18 @@ def base_of(swapper: Swapper, model_store: Path, st: ModelState) -> tuple[str, P
     return base, model_store / base
 
 
+def require_plannable(st: ModelState, what: str) -> None:
+    """ConfigError unless the live version's config has a `packrat.task` (st.mode), the mark of
+    an archive whose handler claims and pins a plan's slots (packrat_handler.py, or one of
+    its own that calls packrat.slots.claim_and_pin, as the tests' sleep model does)."""
+    if st.mode is None:
+        raise ConfigError(f"{st.model}: its live version is not a Packrat archive (no packrat.task in its "
+                          f"model_config.yaml): {what}; build one with `packrat archive`")
+
+
 def packrat_base(swapper: Swapper, model_store: Path, st: ModelState) -> Path | None:
-    """The base archive behind the live version `st` when it is a Packrat archive (its
-    handler pins workers and reports them), else None: a model served by its own handler."""
+    """The base archive behind the live version `st` when it is served by Packrat's own
+    handler (its execution modes can be tried), else None."""
     if st.mode is None:
         return None
     _, base_dir = base_of(swapper, model_store, st)

@@ -13,7 +13,7 @@ from typing import Any
 
 from packrat.apply import versions
 from packrat.apply.swap import Swapper
-from packrat.control.live import base_of, require_packrat
+from packrat.control.live import base_of, require_plannable
 from packrat.control.modecheck import mode_refusal
 from packrat.control.traffic import plan_batch, profile_shape
 from packrat.control.values import ModelState
@@ -111,7 +111,7 @@ class Planner:
         ncores = cores or len(self.cores)
         if ncores > len(self.cores):
             raise ConfigError(f"cores {ncores} exceeds the {len(self.cores)} usable cores")
-        require_packrat(self.swapper, self.model_store, st, "its workers cannot be pinned to a plan")
+        require_plannable(st, "its workers would not pin to a plan")
         if mode is not None:
             self.check_mode(st, mode)
         profile = self.profile(st) if mode is None else self._profile_in(st, mode)
@@ -123,7 +123,7 @@ class Planner:
         """A plan of the given (threads, batch cap) workers in `mode` (default: the live mode),
         predicted from that mode's profile if it has them."""
         # A swap to it would wait its whole ready timeout for workers that never report a pin.
-        require_packrat(self.swapper, self.model_store, st, "its workers cannot be pinned to a plan")
+        require_plannable(st, "its workers would not pin to a plan")
         if mode is not None:
             self.check_mode(st, mode)
         try:
@@ -145,7 +145,8 @@ class Planner:
         timed at other sizes (packrat.profile.shape.sizes_by_batch; none given: every batch at
         `sizes`); sizes None: both the traffic's since the workers started (its label at the
         live plan's load batch, each batch padded to its longest request)."""
-        base_dir = require_packrat(self.swapper, self.model_store, st, "nothing to profile")
+        require_plannable(st, "nothing to profile")
+        _, base_dir = base_of(self.swapper, self.model_store, st)
         if sizes is None:
             label, by_batch = profile_shape(st, plan_batch(st), max_batch)
         else:
