@@ -9,8 +9,8 @@
 #   resnet50   image-classification, ResNet-50 shapes, seeded random weights
 #   noop       echo, no model: TorchServe's own round trip
 #
-# PACKRAT_FREE_PORTS=1 picks free ports instead of 8080-8082 and the controller's 8085
-# (if those are taken); the lines printed at the end name the ports it took.
+# PACKRAT_FREE_PORTS=1 picks free ports for TorchServe instead of 8080-8082, and for the
+# controller if 8085 is taken; the lines printed at the end name the ports it took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PACKRAT=.venv/bin/packrat
