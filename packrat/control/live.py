@@ -118,22 +118,22 @@ def require_plannable(st: ModelState, what: str) -> None:
                           f"model_config.yaml): {what}; build one with `packrat archive`")
 
 
-def packrat_base(swapper: Swapper, model_store: Path, st: ModelState) -> Path | None:
-    """The base archive behind the live version `st` when it is served by Packrat's own
-    handler (its execution modes can be tried), else None."""
+def packrat_base(swapper: Swapper, model_store: Path, st: ModelState) -> tuple[str, Path] | None:
+    """base_of() the live version `st` when it is served by Packrat's own handler (its
+    execution modes can be tried), else None."""
     if st.mode is None:
         return None
-    _, base_dir = base_of(swapper, model_store, st)
-    return base_dir if (base_dir / "packrat_handler.py").is_file() else None
+    base, base_dir = base_of(swapper, model_store, st)
+    return (base, base_dir) if (base_dir / "packrat_handler.py").is_file() else None
 
 
-def require_packrat(swapper: Swapper, model_store: Path, st: ModelState, what: str) -> Path:
+def require_packrat(swapper: Swapper, model_store: Path, st: ModelState, what: str) -> tuple[str, Path]:
     """packrat_base(), or ConfigError saying why `what` needs one."""
-    base_dir = packrat_base(swapper, model_store, st)
-    if base_dir is None:
+    found = packrat_base(swapper, model_store, st)
+    if found is None:
         raise ConfigError(f"{st.model}: its live version is not a Packrat archive (no packrat_handler.py or "
                           f"packrat.task): {what}; build one with `packrat archive`")
-    return base_dir
+    return found
 
 
 class Observer:

@@ -89,9 +89,10 @@ class Tuning:
     def key(self, st: ModelState) -> dict[str, Any] | None:
         """What a tune of the model is valid for (base archive, its hash, this machine);
         None when the live version is not a Packrat archive (nothing to tune)."""
-        if packrat_base(self.swapper, self.model_store, st) is None:
+        found = packrat_base(self.swapper, self.model_store, st)
+        if found is None:
             return None  # a model served by its own handler: no modes to try
-        base, base_dir = base_of(self.swapper, self.model_store, st)
+        base, base_dir = found
         return tune.tune_key(base_dir, base)
 
     def record(self, model: str) -> TuneRecord | None:
@@ -116,8 +117,7 @@ class Tuning:
     def start(self, st: ModelState, options: TuneOptions, trigger: str = "request") -> Job:
         """Tune the model in the background (see Controller.start_tune)."""
         model = st.model
-        require_packrat(self.swapper, self.model_store, st, "nothing to tune")
-        base, base_dir = base_of(self.swapper, self.model_store, st)
+        base, base_dir = require_packrat(self.swapper, self.model_store, st, "nothing to tune")
         if self.pinned(model):
             raise BusyError(f"{model} is pinned by an operator: unpin it first "
                             f'(PUT /v1/models/{model}/pin {{"pinned": false}})')
