@@ -51,6 +51,13 @@ class ArchiveError(PackratError):
     pass
 
 
+def is_mode_refusal(message: str) -> bool:
+    """An error text that is a verdict on an execution mode, not an accident: the handler's
+    accuracy guard refused it, or the CPU lacks its precision (packrat_tasks' own errors),
+    whether quoted by a profiler's failure or a worker's load error."""
+    return any(k in message for k in ("AccuracyGuardError", "PrecisionError", "REFUSED"))
+
+
 class TorchServeError(PackratError):
     """An error answer from TorchServe's REST API (translated only in packrat.apply)."""
 

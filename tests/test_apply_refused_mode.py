@@ -65,7 +65,8 @@ def test_an_apply_in_a_mode_the_guard_refuses_says_so_and_keeps_serving(tmp_path
 def test_load_errors_come_from_the_workers_status_files(tmp_path: Path, monkeypatch) -> None:
     """What the swap quotes: each worker's own report of its failed load, a refusal told
     from an accident by the handler's error class."""
-    from packrat.apply.swap import load_errors, refusal
+    from packrat.apply.swap import load_errors
+    from packrat.errors import is_mode_refusal as refusal
     from packrat.slots import worker_status_path
 
     monkeypatch.setenv("PACKRAT_SLOT_DIR", str(tmp_path / "slots"))

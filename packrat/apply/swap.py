@@ -68,7 +68,7 @@ from packrat import slots
 from packrat.apply import versions
 from packrat.apply.client import ManagementClient, ModelDescription
 from packrat.apply.versions import VersionDir
-from packrat.errors import ConfigError, ModeRefusedError, SwapError, TorchServeError
+from packrat.errors import ConfigError, ModeRefusedError, SwapError, TorchServeError, is_mode_refusal
 from packrat.types import Plan, SwapRecord
 
 log = logging.getLogger(__name__)
@@ -299,12 +299,6 @@ def load_errors(pids: Iterable[int]) -> list[str]:
     return found
 
 
-def refusal(load_error: str) -> bool:
-    """A load error that is a verdict on the mode, not an accident: the accuracy guard's
-    refusal, or a precision this CPU lacks (packrat_tasks' own errors)."""
-    return load_error.startswith(("AccuracyGuardError", "PrecisionError"))
-
-
 def startup_breakdown(
     statuses: Sequence[dict[str, Any] | None], register_end: float, ready_end: float
 ) -> tuple[tuple[tuple[str, float], ...], tuple[dict[str, Any], ...]]:
@@ -515,7 +509,7 @@ class Swapper:
                 if w.pid > 0:
                     pids_by_worker.setdefault(w.id, set()).add(w.pid)
             errors = load_errors(pid for pids in pids_by_worker.values() for pid in pids)
-            refused = [e for e in errors if refusal(e)]
+            refused = [e for e in errors if is_mode_refusal(e)]
             if refused:  # the guard's verdict is cached: every restart would refuse it again
                 raise ModeRefusedError(f"workers of {model} {vdir.version} refused mode "
                                        f"{vdir.plan.mode or 'of the base archive'}: {refused[0]}")

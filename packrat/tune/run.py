@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from packrat.errors import ConfigError, PlanError, ProfileError
+from packrat.errors import ConfigError, PlanError, ProfileError, is_mode_refusal
 from packrat.modes import PRECISIONS, RUNTIMES, ExecutionMode
 from packrat.plan import MODE_MARGIN, ModePlan, fastest, plans_per_mode, realizable_plan, uniform_candidates
 from packrat.plan.confidence import is_fat
@@ -263,10 +263,6 @@ def judged_at(profile: Profile, cores: int, batch: int) -> bool:
     return any(not is_fat(p) for p in uniform_candidates(profile, cores, batch))
 
 
-def _is_refusal(message: str) -> bool:
-    return any(k in message for k in ("AccuracyGuardError", "PrecisionError", "REFUSED"))
-
-
 @dataclass(frozen=True)
 class _Run:
     """One tune's fixed inputs and its clock (what every step below reads)."""
@@ -461,7 +457,7 @@ def _turn(run: _Run, mode: str, label: str, share: float, first_turn: bool) -> t
                            log_path=run.log_dir / f"{run.model}-{mode}.log")
     except ProfileError as exc:
         msg = str(exc)
-        state = "refused" if (_is_refusal(msg) and not progress.guarded.is_set()) else "failed"
+        state = "refused" if (is_mode_refusal(msg) and not progress.guarded.is_set()) else "failed"
         tracker.mode(mode, state=state, reason=msg[:2000], model_id=run.archive.model_id, fingerprint=fp,
                      duration_s=round(time.monotonic() - m_started, 1))
         return None, False
