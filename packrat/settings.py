@@ -122,6 +122,9 @@ _TABLE: tuple[Setting, ...] = (
             options=("--tune-batch", "--batch")),
     Setting("tune_max_batch", int, 8, "a tune profiles batches up to max(B, this)",
             options=("--tune-max-batch", "--max-batch")),
+    Setting("tune_again_quiet_s", float, 30.0, "a tune that timed contended points (other work had "
+            "the cores) measures those modes again, once, after the controller's cores were 60 % idle "
+            "this many seconds (0: never)", env="PACKRAT_TUNE_AGAIN_QUIET_S"),
     Setting("profile_max_batch", int, 32, "largest batch `packrat profile` times (1, 2, 4, ... up to it)",
             options=("--max-batch",)),
     Setting("profile_point_budget_s", float, 10.0, "seconds per (threads, batch) point of `packrat profile`",

@@ -18,6 +18,10 @@ in the header: rerun with `--hypothesis-seed=N`. Both print the failing
 example's reproduction blob. `--hypothesis-profile` or HYPOTHESIS_PROFILE
 picks one explicitly. Loaded here, before any test module builds its own
 `settings(...)`, so those inherit it.
+
+PACKRAT_TUNE_AGAIN_QUIET_S is 0 (off) for the session unless set: a tune timed while the
+suite loads the machine would otherwise be measured again by itself in any test that
+runs a controller long enough.
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ from serving_support import start_server
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("dev", print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+# Controllers the tests start (subprocesses inherit this) do not measure a busy tune again
+# on their own: which tunes run stays each test's to say. tests/test_tune_busy.py turns it on.
+os.environ.setdefault("PACKRAT_TUNE_AGAIN_QUIET_S", "0")
 
 
 @pytest.hookimpl(tryfirst=True)

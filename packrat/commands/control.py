@@ -40,6 +40,7 @@ class LoopOptions:
     tune_batch: int | None = None
     tune_max_batch: int | None = None
     tune_point_budget_s: float | None = None
+    tune_again_quiet_s: float = 0.0  # a busy tune measured again after this long quiet (0: never)
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ def _run_options(flags: dict[str, Any]) -> RunOptions:
     loop = LoopOptions(adapt=flags["adapt"], min_dwell_s=flags["min_dwell"], tune=flags["tune"],
                        tune_modes=flags["tune_modes"] or None,  # no --tune-mode: the tune's own list
                        tune_budget_s=flags["tune_budget"], tune_batch=flags["tune_batch"],
-                       tune_max_batch=flags["tune_max_batch"], tune_point_budget_s=flags["tune_point_budget"])
+                       tune_max_batch=flags["tune_max_batch"], tune_point_budget_s=flags["tune_point_budget"],
+                       tune_again_quiet_s=_setting("tune_again_quiet_s"))
     return RunOptions(model_store=flags["model_store"],
                       state_dir=settings.value("state_dir", cli=flags["state_dir"]),
                       cores=_parse_cores(flags["cores"]), host=flags["host"], port=flags["port"], loop=loop)
@@ -103,6 +105,14 @@ def with_run_flags(command: Callable[..., None]) -> Callable[..., None]:
 
     parsed.__signature__ = inspect.Signature(own + flags)  # type: ignore[attr-defined]
     return parsed
+
+
+def _setting(name: str) -> Any:
+    """settings.value(name): a variable that does not parse is a usage error, not a traceback."""
+    try:
+        return settings.value(name)
+    except settings.SettingError as exc:
+        raise typer.BadParameter(str(exc)) from exc
 
 
 def _parse_cores(text: str | None) -> tuple[int, ...] | None:
@@ -196,7 +206,8 @@ def _start_tuner(controller: Controller, loop: LoopOptions, stop: threading.Even
     from packrat.control.tuning import AutoTuner
 
     tuner = AutoTuner(controller, modes=loop.tune_modes, budget_s=loop.tune_budget_s, batch=loop.tune_batch,
-                      max_batch=loop.tune_max_batch, point_budget_s=loop.tune_point_budget_s)
+                      max_batch=loop.tune_max_batch, point_budget_s=loop.tune_point_budget_s,
+                      again_quiet_s=loop.tune_again_quiet_s)
     threading.Thread(target=tuner.run, args=(stop,), name="controller-autotune", daemon=True).start()
     typer.echo("tuning every Packrat model in the background (--no-tune to switch off); "
                "progress: packrat status", err=True)

@@ -11,6 +11,9 @@ measures at a time) for each Packrat model whose last tune
                                     archive version registered; or the machine's
                                     fingerprint changed: CPU, cores, allocator, torch),
   - was interrupted                (the controller stopped mid-tune),
+  - was timed on a busy machine    (several-thread points contended: its "busy" modes;
+                                    measured again, once, when the controller's cores
+                                    were quiet for `tune_again_quiet_s`: why_busy),
 
 unless an operator pinned the model (packrat.control.pins): a pinned model is
 not tuned (an explicit tune is refused too), and a tune that was running when
@@ -41,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from packrat import tune
 from packrat.apply.swap import Swapper
 from packrat.control.live import base_of, packrat_base, require_packrat
+from packrat.control.quiet import Quiet
 from packrat.control.swaps import Swaps
 from packrat.control.traffic import plan_batch, profile_shape, why_moved, why_retune, worker_sizes
 from packrat.control.values import ModelState
@@ -69,6 +73,7 @@ class TuneOptions:
     fresh: bool = False
     max_batch: int | None = None
     point_budget_s: float | None = None
+    remeasure: tuple[str, ...] = ()  # modes measured again although their profile is valid (why_busy)
 
 
 class Tuning:
@@ -127,7 +132,8 @@ class Tuning:
         settings = tune.TuneSettings(
             cores=len(self.cores), batch=o.batch or self.observed_batch(model) or tune.DEFAULT_BATCH,
             modes=tune.requested_modes(o.modes), budget_s=o.budget_s or tune.DEFAULT_BUDGET_S, fresh=o.fresh,
-            max_batch=o.max_batch, point_budget_s=o.point_budget_s or tune.DEFAULT_POINT_BUDGET_S)
+            max_batch=o.max_batch, point_budget_s=o.point_budget_s or tune.DEFAULT_POINT_BUDGET_S,
+            remeasure=tuple(o.remeasure))
         settings.validate(len(self.cores))
         label, by_batch = profile_shape(st, settings.batch, settings.profile_max_batch)  # the traffic's, else ()
         settings = replace(settings, sizes=label, sizes_by_batch=by_batch)
@@ -166,6 +172,7 @@ class Tuning:
         summary = (f"{tune.describe(plan)}: predicted {ms_text(plan.predicted_latency_ms, '.0f')} ms at B={plan.batch}"
                    + (f" (fat {base_row.mode}: {ms_text(base_row.fat_ms, '.0f')} ms)"
                       if base_row is not None and base_row.fat_ms else ""))
+        summary += busy_note(tracker.record())
         tracker.set(stage="applying", text=f"applying {summary}", choice=plan.to_dict())
         swap = self.apply_choice(model, plan)
         if swap is None:
@@ -190,6 +197,20 @@ class Tuning:
         return record.to_dict() if record is not None else None
 
 
+def busy_note(record: TuneRecord) -> str:
+    """'' or, for a tune that timed contended points, what its final text adds: which modes,
+    and, when it was itself the re-measure of a busy tune, how to measure them again."""
+    busy = record.detail.get("busy") or {}
+    if not busy:
+        return ""
+    modes = ", ".join(f"{m} ({len(points)} contended point{'s' if len(points) > 1 else ''})"
+                      for m, points in busy.items())
+    if (record.trigger or "").startswith(f"auto: {BUSY_WHY}"):
+        return (f"; timed on a busy machine again: {modes}; `packrat tune {record.model} --fresh` "
+                "when it is quiet")
+    return f"; timed on a busy machine: {modes}"
+
+
 def why_tune(record: TuneRecord | None, key: dict[str, Any], running: bool) -> str | None:
     """Why a model with this last tune record needs tuning now (None: it does not). Pure."""
     if running:
@@ -206,13 +227,37 @@ def why_tune(record: TuneRecord | None, key: dict[str, Any], running: bool) -> s
     return None
 
 
+BUSY_WHY = "its last tune was timed on a busy machine"
+
+
+def why_busy(record: TuneRecord | None, quiet_s: float, again_after_s: float) -> tuple[str, tuple[str, ...]] | None:
+    """(why, the modes to measure again) when the model's last finished tune timed contended
+    points (its "busy" modes: packrat.tune.run.busy_modes) and the controller's cores have
+    been quiet for `again_after_s` (`quiet_s` so far); None otherwise, with `again_after_s`
+    <= 0 (off), and after a tune that was itself this re-measure (once: a machine that is
+    busy again by then keeps the second figures, and status says so). Pure."""
+    if record is None or record.state != "done" or again_after_s <= 0:
+        return None
+    busy = record.detail.get("busy") or {}
+    if not busy or (record.trigger or "").startswith(f"auto: {BUSY_WHY}"):
+        return None
+    if quiet_s < again_after_s:
+        return None
+    modes = tuple(busy)
+    return f"{BUSY_WHY} ({', '.join(modes)}); measured again after {quiet_s:.0f} s quiet", modes
+
+
 class AutoTuner:
     def __init__(self, controller: Controller, interval_s: float = 10.0, *,
                  modes: Sequence[str] | None = None, budget_s: float | None = None,
                  batch: int | None = None, max_batch: int | None = None,
-                 point_budget_s: float | None = None) -> None:
+                 point_budget_s: float | None = None, again_quiet_s: float = 0.0,
+                 quiet: Quiet | None = None) -> None:
         self.controller = controller
         self.interval_s = interval_s
+        # A tune timed on a busy machine is measured again after this long quiet (0: never).
+        self.again_quiet_s = again_quiet_s
+        self.quiet = quiet or Quiet(controller.cores)
         # What every automatic tune asks for (None: Controller.start_tune's defaults).
         self.options = TuneOptions(modes=list(modes) if modes else None, budget_s=budget_s, batch=batch,
                                    max_batch=max_batch, point_budget_s=point_budget_s)
@@ -222,6 +267,7 @@ class AutoTuner:
         """Start a tune for every model that needs one; returns those models."""
         c = self.controller
         out = []
+        quiet_s = self.quiet.update() if self.again_quiet_s > 0 else 0.0
         for model in c.models():
             try:
                 st = c.model_state(model)  # one reading: the key and the tune use it
@@ -233,9 +279,15 @@ class AutoTuner:
                 running = c.jobs.unfinished("tune", model) is not None
                 record = None if running else c.tuning.record(model)  # read once: tune/<m>.json
                 why = why_tune(record, key, running) or (None if running else why_retune(record, st))
+                options = self.options
+                if why is None and not running:
+                    busy = why_busy(record, quiet_s, self.again_quiet_s)
+                    if busy is not None:
+                        why, modes = busy
+                        options = replace(options, remeasure=modes)
                 if why is None:
                     continue
-                c.tuning.start(st, self.options, trigger=f"auto: {why}")
+                c.tuning.start(st, options, trigger=f"auto: {why}")
             except BusyError:
                 continue
             except PackratError as exc:

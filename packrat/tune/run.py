@@ -26,6 +26,9 @@
                B: the first mode, the archive's own listed first, whose
                predicted latency is within MODE_MARGIN (3 %) of the fastest
                (a later mode must be more than that faster to be chosen).
+               The record's "busy" names the modes whose several-thread points
+               were timed while other work had the cores (busy_modes); the
+               auto-tuner measures those again once the machine is quiet.
 
 Applying the choice is the controller's (it owns the swap). Every step is
 reported to a Tracker, which the REST status shows and which is persisted to
@@ -87,6 +90,9 @@ class TuneSettings:
     # The batches profiled at other sizes than `sizes`, the traffic's for each
     # (packrat.profile.runner.ProfileSettings.sizes_by_batch); (): every batch at `sizes`.
     sizes_by_batch: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
+    # Modes whose saved profile is measured again although it is valid: those a tune timed on
+    # a busy machine (busy_modes), measured again by the auto-tuner once it is quiet.
+    remeasure: tuple[str, ...] = ()
 
     @property
     def profile_max_batch(self) -> int:
@@ -320,8 +326,26 @@ def tune_model(
     result = _choose(run, modes, profiles)
     # The sizes the choice's figures were timed at: the traffic's asked for, the task's own
     # sample's for the other kinds (the chosen mode's profile); why_retune compares them.
-    tracker.set(sizes={**timed_sizes(profiles[result.plan.mode]), **dict(settings.sizes)})
+    # "busy": the modes whose figures were timed while other work had the cores
+    # (packrat.control.tuning.why_busy measures them again once the machine is quiet).
+    busy = busy_modes({m: profiles[m] for m in modes if m in profiles})
+    tracker.set(sizes={**timed_sizes(profiles[result.plan.mode]), **dict(settings.sizes)},
+                **({"busy": busy} if busy else {}))
     return result
+
+
+def busy_modes(profiles: dict[str, Profile]) -> dict[str, list[list[int]]]:
+    """{mode: its contended points as [instances, threads, batch]} for the profiles that have
+    any: several-thread points that got less CPU than they ask while other work had their
+    cores (packrat.profile.contention). Their figures are inflated and not corrected, so a
+    choice made from them may not be the fastest on a quiet machine. One-thread points that
+    were time-shared are corrected there and do not count."""
+    out: dict[str, list[list[int]]] = {}
+    for mode, prof in profiles.items():
+        found = (prof.extra.get("contention") or {}).get("contended") or []
+        if found:
+            out[mode] = [list(p) for p in found]
+    return out
 
 
 def _settle(run: _Run, modes: list[str], requested: list[str], previous: TuneRecord | None
@@ -340,7 +364,9 @@ def _settle(run: _Run, modes: list[str], requested: list[str], previous: TuneRec
         prof_max = (chk.profile.extra.get("settings") or {}).get("max_batch", 0) if chk.profile else 0
         refused = _refused_before(previous, mode, archive.model_id, fp)
         moved = _sizes_moved(chk.profile, settings.sizes)
-        if chk.usable and not settings.fresh and prof_max >= settings.profile_max_batch and not moved:
+        again = mode in settings.remeasure
+        if (chk.usable and not settings.fresh and prof_max >= settings.profile_max_batch and not moved
+                and not again):
             assert chk.profile is not None
             profiles[mode] = chk.profile
             tracker.mode(mode, state="reused", path=str(path), points=len(chk.profile.points))
@@ -349,6 +375,8 @@ def _settle(run: _Run, modes: list[str], requested: list[str], previous: TuneRec
                          fingerprint=fp, note="refused earlier for this archive and machine")
         else:
             why = ("fresh requested" if chk.usable and settings.fresh
+                   else "its profile was timed on a busy machine: measured again now that it is quiet"
+                   if chk.usable and again
                    else f"traffic's input shape moved ({', '.join(moved)})" if chk.usable and moved
                    else f"profiled up to batch {prof_max}, {settings.profile_max_batch} wanted" if chk.usable
                    else "; ".join(chk.problems))
