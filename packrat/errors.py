@@ -66,8 +66,10 @@ class TorchServeError(PackratError):
         self.url = url
         self.status = status
         self.body = body
-        if status == 0:  # no answer at all (unreachable())
+        if status == 0 and body.startswith("unreachable: "):  # no answer at all (unreachable())
             super().__init__(f"{method} {url}: TorchServe does not answer ({body.removeprefix('unreachable: ')[:500]})")
+        elif status == 0:  # nothing asked of TorchServe: its files (the key file) unreadable
+            super().__init__(f"{method} {url}: {body[:500]}")
         else:
             super().__init__(f"{method} {url} -> HTTP {status}: {body[:500]}")
 

@@ -118,8 +118,6 @@ else
   TUNE_CURL="curl -H \"$A\" $API/v1/models/bert-base/tune"
   OTHER_PORT="(No javac: the plugin for $MGMT/packrat/... was not built; install a JDK and run make setup.)"
 fi
-API_FLAG=""
-[ "$API" = http://127.0.0.1:8085 ] || API_FLAG=" --api $API"  # the CLI's default is 8085
 cat <<MSG
 
 TorchServe is running (workdir $WORKDIR, logs in $WORKDIR/logs). Try:
@@ -135,7 +133,7 @@ $OTHER_PORT
 
 Packrat is tuning every model in the background (execution mode x shape; about
 10-20 min for all five on 2 cores, docs/tuning.md; each model swaps to its tuned
-plan as soon as it is done). Follow it with:  .venv/bin/packrat status$API_FLAG
+plan as soon as it is done). Follow it with:  .venv/bin/packrat status
 (or $TUNE_CURL)
 
 Keys expire after 60 min: print fresh ones with  .venv/bin/packrat torchserve keys --workdir $WORKDIR

@@ -1,7 +1,15 @@
 """`packrat status`'s line: the live plan's prediction names the input shape it is for (issue 32
-item 3); a swap of the model under way leads its stage."""
+item 3); a swap of the model under way leads its stage; without --api it asks the controller
+`make run` wrote down (.packrat/controller.url: PACKRAT_FREE_PORTS=1 may have chosen another port)."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from packrat.commands.tune import predicted_text, stage_text, traffic_text
 from packrat.types import Instance, Plan, SwapRecord, ms_text
@@ -57,3 +65,41 @@ def test_a_lost_last_plan_leads_the_stage_until_its_swap_starts() -> None:
     # A swap of another model runs meanwhile (the watch applies one at a time): still waiting.
     other = {"model": "bert-base", "plan": plan, "to_version": "p2", "phase": "ready"}
     assert stage_text({**st, "swap_in_progress": other}).startswith("to apply its last plan again")
+
+
+def test_status_asks_the_controller_make_run_wrote_down(tmp_path: Path) -> None:
+    seen: list[tuple[str, str | None]] = []
+
+    class Controller(BaseHTTPRequestHandler):  # a stand-in answering the one call status makes
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Authorization")))
+            body = b"[]"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Controller)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    keys = {k: {"key": f"{k}-key", "expiration time": "2999-01-01T00:00:00Z"} for k in ("management", "inference")}
+    (tmp_path / "keys.json").write_text(json.dumps({**keys, "API": {"key": "api-key"}}))
+    status = [sys.executable, "-m", "packrat.cli", "status", "--key-file", "keys.json"]
+    try:
+        (tmp_path / ".packrat").mkdir()
+        (tmp_path / ".packrat" / "controller.url").write_text(f"http://127.0.0.1:{server.server_port}\n")
+        out = subprocess.run(status, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert seen == [("/v1/models", "Bearer management-key")]
+        # --api wins over the file; the file gone (make stop), the default port is asked.
+        out = subprocess.run([*status, "--api", "http://127.0.0.1:9"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 1 and "http://127.0.0.1:9/v1/models" in out.stderr, out.stderr
+        (tmp_path / ".packrat" / "controller.url").unlink()
+        subprocess.run(status, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert len(seen) == 1  # not asked again: 8085's answer (or none) is not this test's
+    finally:
+        server.shutdown()

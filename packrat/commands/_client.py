@@ -15,10 +15,28 @@ import typer
 
 from packrat import settings
 from packrat.apply.keys import KEY_FILE_NAME
-from packrat.commands._options import setting_option
 from packrat.errors import root_cause
 
-API = setting_option("api_url")
+# Where `make run` (scripts/run_demo.sh, in the checkout) says its controller listens:
+# PACKRAT_FREE_PORTS=1 may pick another port than 8085. `make stop` removes it.
+URL_FILE = Path(".packrat") / "controller.url"
+
+
+def controller_api(given: str | None) -> str:
+    """--api when given, else the URL in ./.packrat/controller.url (`make run`'s controller, while
+    it runs), else the settings table's default (http://127.0.0.1:8085)."""
+    if given:
+        return given.rstrip("/")
+    try:
+        written = URL_FILE.read_text().strip()
+    except OSError:
+        written = ""
+    return (written or settings.get("api_url").default).rstrip("/")
+
+
+API = typer.Option(None, "--api", callback=controller_api, show_default=False,
+                   help=f"the controller's REST API (default: the URL in {URL_FILE} while `make run`'s "
+                        f"controller runs, else {settings.get('api_url').default})")
 # In TorchServe's default working directory (`packrat torchserve start`, `make run`).
 KEY_FILE = typer.Option(settings.get("ts_workdir").default / KEY_FILE_NAME, "--key-file",
                         help="TorchServe's key_file.json (the management key is the controller's token)")
@@ -31,7 +49,10 @@ def _headers(key_file: Path) -> dict[str, str]:
     try:
         keys = read_keys(key_file)
     except (OSError, PackratError) as exc:
-        typer.echo(f"error: cannot read the management key from {key_file}: {exc}", err=True)
+        missing = "" if Path(key_file).exists() else (
+            "; TorchServe writes it when it starts (`make run` or `packrat torchserve start`; "
+            "--key-file for another TorchServe's)")
+        typer.echo(f"error: cannot read the management key: {exc}{missing}", err=True)
         raise typer.Exit(2) from None
     return keys.management.bearer()
 
