@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from packrat.control.quiet import IDLE_AT, Quiet, read_cpu_ticks
-from packrat.control.tuning import BUSY_WHY, busy_note, why_busy
+from packrat.control.tuning import BUDGET_WHY, BUSY_WHY, busy_note, why_busy
 from packrat.tune.run import busy_modes
 from packrat.types import Fingerprint, Profile, ProfilePoint, TuneRecord
 from serving_support import ControllerProcess, start_server, usable_cores
@@ -56,6 +56,25 @@ def test_a_busy_tune_is_measured_again_once_after_the_machine_was_quiet_long_eno
     assert why_busy(_record(state="failed"), quiet_s=1e6, again_after_s=5.0) is None
     assert why_busy(_record(state="running"), quiet_s=1e6, again_after_s=5.0) is None
     assert why_busy(None, quiet_s=1e6, again_after_s=5.0) is None
+
+
+def test_a_tune_that_ran_out_of_budget_is_tuned_again_once_when_quiet() -> None:
+    # As `make run` recorded BERT-base's tune beside two busy loops (2026-12-06): building
+    # int8-onnxruntime took 57 s, and the budget ran out before any mode had a plan.
+    modes = {"fp32-eager": {"state": "skipped", "reason": "tuning budget exhausted (9 s left)"},
+             "int8-onnxruntime": {"state": "skipped", "reason": "tuning budget exhausted (9 s left)",
+                                  "build_s": 56.777},
+             "int8s-openvino": {"state": "failed", "reason": "no point measured within its budget"},
+             "int8-eager": {"state": "refused", "reason": "AccuracyGuardError: accuracy guard REFUSED int8-eager"}}
+    failed = _record(state="failed", busy={}, modes=modes)
+    assert why_busy(failed, quiet_s=4.0, again_after_s=5.0) is None
+    why, named = why_busy(failed, quiet_s=6.0, again_after_s=5.0)
+    assert named == () and why.startswith(BUDGET_WHY)  # the whole tune again, profiles reused where valid
+    assert "fp32-eager, int8-onnxruntime, int8s-openvino" in why and "int8-eager" not in why
+    assert why_busy(_record(state="failed", busy={}, modes=modes, trigger=f"auto: {why}"), 1e6, 5.0) is None
+    # A failure of another kind (every mode refused, a load error) is not retried by itself.
+    refused = {"fp32-eager": {"state": "failed", "reason": "worker exited while loading: ImportError"}}
+    assert why_busy(_record(state="failed", busy={}, modes=refused), 1e6, 5.0) is None
 
 
 def test_the_tunes_text_says_which_modes_were_timed_on_a_busy_machine() -> None:

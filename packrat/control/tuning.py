@@ -14,12 +14,14 @@ measures at a time) for each Packrat model whose last tune
   - was timed on a busy machine    (several-thread points contended: its "busy" modes;
                                     measured again, once, when the controller's cores
                                     were quiet for `tune_again_quiet_s`: why_busy),
+  - failed for want of budget      (modes skipped or cut short by it: a loaded machine;
+                                    tuned again, once, when quiet: why_busy),
 
 unless an operator pinned the model (packrat.control.pins): a pinned model is
 not tuned (an explicit tune is refused too), and a tune that was running when
 the pin came does not apply its choice.
 
-A tune that failed for the same key is not retried automatically (it would
+A tune that failed otherwise is not retried automatically for the same key (it would
 fail again in a loop); POST /v1/models/{m}/tune retries it. Models whose
 live version is not a Packrat archive are left alone. Every per-mode profile
 is also checked against hash and fingerprint wherever it is used
@@ -228,23 +230,45 @@ def why_tune(record: TuneRecord | None, key: dict[str, Any], running: bool) -> s
 
 
 BUSY_WHY = "its last tune was timed on a busy machine"
+BUDGET_WHY = "its last tune ran out of its budget"
 
 
 def why_busy(record: TuneRecord | None, quiet_s: float, again_after_s: float) -> tuple[str, tuple[str, ...]] | None:
-    """(why, the modes to measure again) when the model's last finished tune timed contended
-    points (its "busy" modes: packrat.tune.run.busy_modes) and the controller's cores have
-    been quiet for `again_after_s` (`quiet_s` so far); None otherwise, with `again_after_s`
-    <= 0 (off), and after a tune that was itself this re-measure (once: a machine that is
-    busy again by then keeps the second figures, and status says so). Pure."""
-    if record is None or record.state != "done" or again_after_s <= 0:
+    """(why, the modes to measure again) once the controller's cores have been quiet for
+    `again_after_s` (`quiet_s` so far), for a model whose last tune
+
+      - finished but timed contended points (its "busy" modes: packrat.tune.run.busy_modes):
+        those modes are measured again, the others' profiles reused;
+      - failed because its budget ran out before any mode had a plan (modes skipped with
+        the budget exhausted, or measured nothing within their share: a loaded machine
+        stretches loading and building a mode): tuned again as a whole (no modes named).
+
+    None otherwise, with `again_after_s` <= 0 (off), and after a tune that was itself
+    such a second try (once: a machine that is busy again by then keeps the second
+    outcome, and status says so). Other failures are not retried (why_tune). Pure."""
+    if record is None or again_after_s <= 0 or quiet_s < again_after_s:
         return None
+    trigger = record.trigger or ""
+    if trigger.startswith((f"auto: {BUSY_WHY}", f"auto: {BUDGET_WHY}")):
+        return None
+    if record.state == "failed":
+        short = out_of_budget(record)
+        if not short:
+            return None
+        return f"{BUDGET_WHY} ({', '.join(short)}); tuned again after {quiet_s:.0f} s quiet", ()
     busy = record.detail.get("busy") or {}
-    if not busy or (record.trigger or "").startswith(f"auto: {BUSY_WHY}"):
-        return None
-    if quiet_s < again_after_s:
+    if record.state != "done" or not busy:
         return None
     modes = tuple(busy)
     return f"{BUSY_WHY} ({', '.join(modes)}); measured again after {quiet_s:.0f} s quiet", modes
+
+
+def out_of_budget(record: TuneRecord) -> list[str]:
+    """The modes of a tune that the budget cut short: skipped with it exhausted, or nothing
+    measured within their share (packrat.tune.run's reasons)."""
+    return [m for m, r in record.modes.items()
+            if (r.state == "skipped" and "budget exhausted" in (r.reason or ""))
+            or (r.state == "failed" and "within its budget" in (r.reason or ""))]
 
 
 class AutoTuner:
