@@ -16,10 +16,15 @@ Every worker records, per point, `cpu_share` (CPU time per wall second per threa
     compute-bound point that is wall x cpu_share; unlike cpu_share it does not count
     time spent sleeping or waiting for I/O as time saved (a handler that sleeps has
     cpu_share near 0 on a quiet machine and no run-queue wait);
-  - a point of more threads keeps its wall figures and is marked contended when it
-    waited (runq_share) or got less CPU than its threads ask (cpu_share < CPU_SHORT_OF):
+  - a point of more threads keeps its wall figures and is marked contended when its
+    computing thread waited (runq_share), or its threads together did (`runq_share_all`:
+    the run-queue wait of every thread of the process per wall second per thread asked):
     no corrected figure is defensible there (spin-waiting runtimes turn waits for a
-    descheduled peer into CPU time, and one late thread holds every other);
+    descheduled peer into CPU time, and one late thread holds every other). Getting less
+    CPU than its threads ask (cpu_share < CPU_SHORT_OF) is no sign of it where the
+    threads' wait is known: GPT-2's second thread idles between ops on a quiet machine
+    (cpu_share 0.88), a sleeping handler's at 0.5; it decides only for points recorded
+    without runq_share_all (older profiles);
   - a co-run point (instances side by side, the slowest sets it) is made from its
     instances' figures after each was handled so.
 
@@ -46,14 +51,16 @@ def handled(fields: Mapping[str, Any], threads: int) -> dict[str, Any]:
     its contention handled as the module doc says; unchanged when it had its cores."""
     out = dict(fields)
     meta = dict(fields.get("meta") or {})
-    wait, share = meta.get("runq_share"), meta.get("cpu_share")
+    wait, share, wait_all = meta.get("runq_share"), meta.get("cpu_share"), meta.get("runq_share_all")
     waited = wait is not None and wait >= TIME_SHARED_AT
+    starved = (wait_all >= TIME_SHARED_AT if wait_all is not None
+               else share is not None and share < CPU_SHORT_OF)
     if threads == 1 and waited:
         keep = 1.0 - float(wait)
         wall = {k: fields[k] for k in FIGURES if fields.get(k) is not None}
         out.update({k: v * keep for k, v in wall.items()})
         meta["contention"] = {"corrected": CORRECTED, "factor": round(keep, 4), "wall": wall}
-    elif threads > 1 and (waited or (share is not None and share < CPU_SHORT_OF)):
+    elif threads > 1 and (waited or starved):
         meta["contention"] = {"contended": CONTENDED}
     else:
         return out

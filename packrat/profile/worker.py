@@ -177,14 +177,19 @@ def _time_batch(task: Any, batch: int, scope: str, rule: Any, deadline: float | 
     # Run-queue wait of the calling thread (the one that computes at one thread) per wall
     # second: the time it was runnable but another task had its core. packrat.profile.contention
     # takes it out of a one-thread point's figures; None where the kernel does not say.
+    # The same wait summed over all of the process's threads, per wall second per thread the
+    # point asks for: a runtime's pool threads descheduled by other work wait there, while
+    # threads idle by nature (GPT-2's Python loop between ops, a handler that sleeps) lower
+    # cpu_share but wait for no core.
     load_before = os.getloadavg()[0]
-    wait0 = _runq_wait_s()
+    wait0, all0 = _runq_wait_s(), _runq_wait_all_s()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     stats = measure(call, rule, deadline=deadline)
     wall = max(1e-9, time.perf_counter() - wall0)
     cpu_share = (time.process_time() - cpu0) / (wall * threads)
-    wait1 = _runq_wait_s()
+    wait1, all1 = _runq_wait_s(), _runq_wait_all_s()
     runq_share = None if wait0 is None or wait1 is None else min(1.0, max(0.0, (wait1 - wait0) / wall))
+    runq_all = None if all0 is None or all1 is None else min(1.0, max(0.0, (all1 - all0) / (wall * threads)))
     if stats is None:
         return None
     return {
@@ -203,6 +208,7 @@ def _time_batch(task: Any, batch: int, scope: str, rule: Any, deadline: float | 
             "sizes": sizes,  # the request sizes timed (None: the task's own sample, its size unknown)
             "cpu_share": round(cpu_share, 3),
             "runq_share": None if runq_share is None else round(runq_share, 3),
+            "runq_share_all": None if runq_all is None else round(runq_all, 3),
             "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         },
     }
@@ -216,6 +222,25 @@ def _runq_wait_s() -> float | None:
             return int(f.read().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _runq_wait_all_s() -> float | None:
+    """Seconds all of this process's threads have waited on a run queue (schedstat's second
+    field summed over /proc/self/task; a thread gone between listing and reading is left
+    out), None where /proc does not have it."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    total, seen = 0, False
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+            seen = True
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9 if seen else None
 
 
 def main(argv: list[str]) -> int:
