@@ -176,6 +176,12 @@ def test_contention_warning_flags_busy_points_only():
     starved = ProfilePoint(1, 2, 30.0, meta={"cpu_share": 0.35, "loadavg_1m": [1.5, 1.9]})
     loaded = ProfilePoint(2, 1, 9.0, meta={"cpu_share": 0.9, "loadavg_1m": [6.0, 7.5]})
     assert contention_warning(replace(_profile(), points=(quiet,))) is None
+    # Threads idle by nature (a sleeping handler's second thread): a low share, no wait for a core.
+    idle = ProfilePoint(1, 2, 5.0, meta={"cpu_share": 0.5, "runq_share": 0.0, "runq_share_all": 0.01,
+                                         "loadavg_1m": [0.8, 1.0]})
+    assert contention_warning(replace(_profile(), points=(quiet, idle))) is None
+    waited = replace(idle, meta={**idle.meta, "runq_share_all": 0.4})
+    assert contention_warning(replace(_profile(), points=(quiet, waited))).startswith("warning: 1 of 2 points")
     warning = contention_warning(replace(_profile(), points=(quiet, starved, loaded)))
     # 2 busy points of 3; the worst load (7.5 > 2 cores) and the lowest share (0.35) are named
     assert warning.startswith("warning: 2 of 3 points") and "7.5 on 2 cores" in warning and "0.35" in warning

@@ -458,19 +458,24 @@ def _run_corun(
 
 
 
+def _starved(meta: dict[str, Any]) -> bool:
+    """Whether a point waited for its cores: its threads' run-queue wait where the worker
+    recorded it (a low cpu_share is no sign of it then: threads idle by nature,
+    packrat.profile.contention), else a CPU share below 0.8."""
+    waits = [w for w in (meta.get("runq_share"), meta.get("runq_share_all")) if w is not None]
+    return max(waits) >= contention.TIME_SHARED_AT if waits else meta.get("cpu_share", 1.0) < 0.8
+
+
 def contention_warning(profile: Profile, cores: int | None = None) -> str | None:
     """A one-line warning when points ran on a busy machine, else None.
 
     Judged from what each worker recorded: the 1-minute load average around the
-    point (above the usable cores means others wanted our CPUs) and the CPU time
-    the instance got per wall second per thread (`cpu_share`, below 0.8 means it
-    was starved). Such a profile is kept (it is what was measured) but flagged.
+    point (above the usable cores means others wanted our CPUs) and its threads'
+    run-queue wait (_starved; the CPU share for points recorded without it). Such a
+    profile is kept (it is what was measured) but flagged.
     """
     cores = cores or (profile.fingerprint.usable_cores if profile.fingerprint else os.cpu_count() or 1)
-    busy = [
-        p for p in profile.points
-        if max(p.meta.get("loadavg_1m", [0.0])) > cores or p.meta.get("cpu_share", 1.0) < 0.8
-    ]
+    busy = [p for p in profile.points if max(p.meta.get("loadavg_1m", [0.0])) > cores or _starved(p.meta)]
     if not busy:
         return None
     load = max(max(p.meta.get("loadavg_1m", [0.0])) for p in busy)
