@@ -248,3 +248,38 @@ def python_for(uid: int) -> str:
         except (OSError, subprocess.CalledProcessError):
             continue
     pytest.skip(f"no Python that uid {uid} may run")
+
+
+@contextmanager
+def http_stand_in(answer) -> Iterator[tuple[str, list[tuple[str, str, str | None]]]]:
+    """A stand-in server on a free loopback port for what a CLI command asks (the controller,
+    or another server on its port): `answer(method, path)` gives (status, content type,
+    body). Yields (its URL, the requests it got as (method, path, Authorization header));
+    stopped on leaving, also on failure."""
+    import http.server
+
+    asked: list[tuple[str, str, str | None]] = []
+
+    class StandIn(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            asked.append((self.command, self.path, self.headers.get("Authorization")))
+            status, content_type, body = answer(self.command, self.path)
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = _answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from packrat.listener import listener_uids, untrusted_listener
-from serving_support import python_for
+from serving_support import http_stand_in, python_for
 
 KEY = "mgmt-Key_0123456789abcdef"
 NOBODY = 65534
@@ -58,8 +58,8 @@ def test_cli_refuses_another_users_listener(tmp_path: Path, address: str) -> Non
     assert received == ""  # no connection at all
 
 
-def _status(port: int, key_file: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "packrat.cli", "status", "--api", f"http://127.0.0.1:{port}",
+def _status(api: str, key_file: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "packrat.cli", "status", "--api", api,
                            "--key-file", str(key_file)], capture_output=True, text=True, timeout=120)
 
 
@@ -67,41 +67,24 @@ def test_cli_says_plainly_when_nothing_or_something_else_answers(tmp_path: Path)
     """Nothing on the port: one line with the cause ("Connection refused"), not requests' nested
     repr; another server there (an HTML 404): says it is not the controller's answer instead of
     printing its page, or a traceback where its answer is not JSON."""
-    import http.server
-    import threading
-
     key_file = tmp_path / "key_file.json"
     key_file.write_text(json.dumps({k: {"key": f"{KEY}-{k}"} for k in ("inference", "management", "API")}))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens
-    r = _status(port, key_file)
+    r = _status(f"http://127.0.0.1:{port}", key_file)
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "does not answer (Connection refused); is `packrat controller` running?" in r.stderr, r.stderr
 
-    class Page(http.server.BaseHTTPRequestHandler):
-        status = 404
-
-        def do_GET(self) -> None:
-            self.send_response(self.status)
-            self.send_header("Content-Type", "text/html")
-            self.end_headers()
-            self.wfile.write(b"<html><body>Nothing matches the given URI</body></html>")
-
-        def log_message(self, *args) -> None:
-            pass
-
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page) as other:
-        threading.Thread(target=other.serve_forever, daemon=True).start()
-        try:
-            for status in (404, 200):
-                Page.status = status
-                r = _status(other.server_address[1], key_file)
-                assert r.returncode == 1 and "Traceback" not in r.stderr and "<html>" not in r.stderr, r.stderr
-                assert f"HTTP {status} from http://127.0.0.1:{other.server_address[1]}/v1/models is not the " \
-                       "controller's answer (no JSON; text/html)" in r.stderr, r.stderr
-        finally:
-            other.shutdown()
+    page = {"status": 404}
+    html = b"<html><body>Nothing matches the given URI</body></html>"
+    with http_stand_in(lambda method, path: (page["status"], "text/html", html)) as (url, _):
+        for status in (404, 200):
+            page["status"] = status
+            r = _status(url, key_file)
+            assert r.returncode == 1 and "Traceback" not in r.stderr and "<html>" not in r.stderr, r.stderr
+            assert f"HTTP {status} from {url}/v1/models is not the " \
+                   "controller's answer (no JSON; text/html)" in r.stderr, r.stderr
 
 
 def test_apply_waits_while_another_swap_runs_then_applies(tmp_path: Path) -> None:
@@ -109,9 +92,6 @@ def test_apply_waits_while_another_swap_runs_then_applies(tmp_path: Path) -> Non
     second within --wait, saying so once, and applies; with --wait 0 the 409 is the answer.
     The busy answer is the one the controller's error handler renders for a BusyError."""
     import asyncio
-    import http.server
-    import threading
-
     from packrat.api.answers import render_error
     from packrat.errors import BusyError
 
@@ -123,36 +103,23 @@ def test_apply_waits_while_another_swap_runs_then_applies(tmp_path: Path) -> Non
                           "pin": None}).encode()
     key_file = tmp_path / "key_file.json"
     key_file.write_text(json.dumps({k: {"key": f"{KEY}-{k}"} for k in ("inference", "management", "API")}))
-    asked: list[str] = []
+    posts = [0]
 
-    class Controller(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            asked.append(self.path)
-            body = busy if len(asked) <= 2 else applied
-            self.send_response(409 if body is busy else 200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(method: str, path: str) -> tuple[int, str, bytes]:
+        posts[0] += 1
+        return (409, "application/json", busy) if posts[0] <= 2 else (200, "application/json", applied)
 
-        def log_message(self, *args) -> None:
-            pass
-
-    def apply(*extra: str) -> subprocess.CompletedProcess:
+    def apply(api: str, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "packrat.cli", "apply", "m", "--shape", "2x(t1,b2)", "--no-pin",
-                               *extra, "--api", f"http://127.0.0.1:{fake.server_address[1]}",
-                               "--key-file", str(key_file)], capture_output=True, text=True, timeout=120)
+                               *extra, "--api", api, "--key-file", str(key_file)],
+                              capture_output=True, text=True, timeout=120)
 
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Controller) as fake:
-        threading.Thread(target=fake.serve_forever, daemon=True).start()
-        try:
-            r = apply()
-            assert r.returncode == 0 and "m: version p3 fp32-eager 2x(t1,b2): applied in 2.5 s" in r.stdout, r
-            assert r.stderr.count("waiting (up to 300 s): a swap is already running") == 1, r.stderr
-            assert asked == ["/v1/models/m/apply"] * 3
-            asked.clear()
-            r = apply("--wait", "0")
-            assert r.returncode == 1 and "HTTP 409: a swap is already running" in r.stderr and len(asked) == 1, r
-        finally:
-            fake.shutdown()
+    with http_stand_in(answer) as (url, asked):
+        r = apply(url)
+        assert r.returncode == 0 and "m: version p3 fp32-eager 2x(t1,b2): applied in 2.5 s" in r.stdout, r
+        assert r.stderr.count("waiting (up to 300 s): a swap is already running") == 1, r.stderr
+        assert [path for _, path, _ in asked] == ["/v1/models/m/apply"] * 3
+        asked.clear()
+        posts[0] = 0
+        r = apply(url, "--wait", "0")
+        assert r.returncode == 1 and "HTTP 409: a swap is already running" in r.stderr and len(asked) == 1, r

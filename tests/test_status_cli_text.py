@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from packrat.commands.tune import predicted_text, stage_text, traffic_text
 from packrat.types import Instance, Plan, SwapRecord, ms_text
+from serving_support import http_stand_in
 
 
 def test_prediction_names_its_input_shape() -> None:
@@ -68,32 +67,15 @@ def test_a_lost_last_plan_leads_the_stage_until_its_swap_starts() -> None:
 
 
 def test_status_asks_the_controller_make_run_wrote_down(tmp_path: Path) -> None:
-    seen: list[tuple[str, str | None]] = []
-
-    class Controller(BaseHTTPRequestHandler):  # a stand-in answering the one call status makes
-        def do_GET(self) -> None:
-            seen.append((self.path, self.headers.get("Authorization")))
-            body = b"[]"
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Controller)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     keys = {k: {"key": f"{k}-key", "expiration time": "2999-01-01T00:00:00Z"} for k in ("management", "inference")}
     (tmp_path / "keys.json").write_text(json.dumps({**keys, "API": {"key": "api-key"}}))
     status = [sys.executable, "-m", "packrat.cli", "status", "--key-file", "keys.json"]
-    try:
+    with http_stand_in(lambda method, path: (200, "application/json", b"[]")) as (url, seen):
         (tmp_path / ".packrat").mkdir()
-        (tmp_path / ".packrat" / "controller.url").write_text(f"http://127.0.0.1:{server.server_port}\n")
+        (tmp_path / ".packrat" / "controller.url").write_text(f"{url}\n")
         out = subprocess.run(status, cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
-        assert seen == [("/v1/models", "Bearer management-key")]
+        assert seen == [("GET", "/v1/models", "Bearer management-key")]
         # --api wins over the file; the file gone (make stop), the default port is asked.
         out = subprocess.run([*status, "--api", "http://127.0.0.1:9"], cwd=tmp_path, capture_output=True,
                              text=True, timeout=120)
@@ -101,5 +83,3 @@ def test_status_asks_the_controller_make_run_wrote_down(tmp_path: Path) -> None:
         (tmp_path / ".packrat" / "controller.url").unlink()
         subprocess.run(status, cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert len(seen) == 1  # not asked again: 8085's answer (or none) is not this test's
-    finally:
-        server.shutdown()
