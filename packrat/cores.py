@@ -166,3 +166,18 @@ def usable_cores(
     if not cores:
         raise ConfigError(f"no usable cores: affinity {aff}, cgroup cpuset {cpuset}")
     return UsableCores(cores, aff, cpuset, quota, version, ", ".join(reason))
+
+
+def read_cpu_ticks(path: str = "/proc/stat") -> dict[int, tuple[int, int]]:
+    """{cpu: (idle ticks, all ticks)} since boot, per CPU ("cpuN" lines of /proc/stat; idle +
+    iowait as idle), in USER_HZ ticks: how busy cores were between two readings, whoever
+    ran on them (the controller's quiet clock, the profiler's share of others on its cores)."""
+    out: dict[int, tuple[int, int]] = {}
+    with open(path) as f:
+        for line in f:
+            name, *fields = line.split()
+            if not name.startswith("cpu") or name == "cpu":
+                continue
+            ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+            out[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
+    return out

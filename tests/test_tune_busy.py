@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from packrat.control.quiet import IDLE_AT, Quiet, read_cpu_ticks
+from packrat.control.quiet import IDLE_AT, Quiet
+from packrat.cores import read_cpu_ticks
 from packrat.control.tuning import BUDGET_WHY, BUSY_WHY, busy_note, why_busy
 from packrat.tune.run import busy_modes
 from packrat.types import Fingerprint, Profile, ProfilePoint, TuneRecord

@@ -12,20 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 
+from packrat.cores import read_cpu_ticks
+
 IDLE_AT = 0.6  # the cores' idle share over a check's interval from which it counts as quiet
-
-
-def read_cpu_ticks(path: str = "/proc/stat") -> dict[int, tuple[int, int]]:
-    """{cpu: (idle ticks, all ticks)} since boot, per CPU ("cpuN" lines; idle + iowait as idle)."""
-    out: dict[int, tuple[int, int]] = {}
-    with open(path) as f:
-        for line in f:
-            name, *fields = line.split()
-            if not name.startswith("cpu") or name == "cpu":
-                continue
-            ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
-            out[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
-    return out
 
 
 class Quiet:

@@ -25,6 +25,10 @@ Every worker records, per point, `cpu_share` (CPU time per wall second per threa
     threads' wait is known: GPT-2's second thread idles between ops on a quiet machine
     (cpu_share 0.88), a sleeping handler's at 0.5; it decides only for points recorded
     without runq_share_all (older profiles);
+  - either applies only when other processes had the point's cores (`others_share`, their
+    CPU time there per wall second per core, >= OTHERS_AT; unknown in older profiles): a
+    runtime that starts more threads than its slot's (OpenVINO at two threads waited 16-19 %
+    of the time on a quiet machine) waits on itself, as it will when it serves;
   - a co-run point (instances side by side, the slowest sets it) is made from its
     instances' figures after each was handled so.
 
@@ -41,6 +45,9 @@ from packrat.types import ProfilePoint
 
 TIME_SHARED_AT = 0.10  # run-queue wait per wall second from which a point counts as time-shared
 CPU_SHORT_OF = 0.90  # a multi-thread point below this cpu_share got less CPU than its threads ask
+OTHERS_AT = 0.10  # other processes' CPU time on the point's cores per wall second per core, from which
+# its wait was theirs; below it the point waited on its own threads (a runtime starting more
+# threads than the slot's), which serving it costs too: nothing to correct or re-measure
 FIGURES = ("mean_ms", "p50_ms", "p99_ms", "std_ms")
 CORRECTED = "one thread, time-shared: figures x (1 - runq_share), the time it computed"
 CONTENDED = "several threads, contended: wall figures kept (no defensible correction)"
@@ -52,9 +59,11 @@ def handled(fields: Mapping[str, Any], threads: int) -> dict[str, Any]:
     out = dict(fields)
     meta = dict(fields.get("meta") or {})
     wait, share, wait_all = meta.get("runq_share"), meta.get("cpu_share"), meta.get("runq_share_all")
-    waited = wait is not None and wait >= TIME_SHARED_AT
-    starved = (wait_all >= TIME_SHARED_AT if wait_all is not None
-               else share is not None and share < CPU_SHORT_OF)
+    others = meta.get("others_share")
+    external = others is None or others >= OTHERS_AT  # unknown (older profiles): as if others
+    waited = wait is not None and wait >= TIME_SHARED_AT and external
+    starved = external and (wait_all >= TIME_SHARED_AT if wait_all is not None
+                            else share is not None and share < CPU_SHORT_OF)
     if threads == 1 and waited:
         keep = 1.0 - float(wait)
         wall = {k: fields[k] for k in FIGURES if fields.get(k) is not None}
@@ -99,4 +108,5 @@ def summary(points: Iterable[ProfilePoint], corun: Iterable[ProfilePoint] = ()) 
     if not any(found.values()):
         return None
     return {**found, "rule": {"corrected": CORRECTED, "contended": CONTENDED,
-                              "time_shared_at_runq_share": TIME_SHARED_AT, "cpu_short_of": CPU_SHORT_OF}}
+                              "time_shared_at_runq_share": TIME_SHARED_AT, "cpu_short_of": CPU_SHORT_OF,
+                              "others_at": OTHERS_AT}}

@@ -459,9 +459,12 @@ def _run_corun(
 
 
 def _starved(meta: dict[str, Any]) -> bool:
-    """Whether a point waited for its cores: its threads' run-queue wait where the worker
-    recorded it (a low cpu_share is no sign of it then: threads idle by nature,
-    packrat.profile.contention), else a CPU share below 0.8."""
+    """Whether a point waited for its cores while other processes had them: its threads'
+    run-queue wait where the worker recorded it (a low cpu_share is no sign of it then:
+    threads idle by nature, packrat.profile.contention), else a CPU share below 0.8."""
+    others = meta.get("others_share")
+    if others is not None and others < contention.OTHERS_AT:
+        return False  # its cores ran nothing else: it waited on its own threads, if at all
     waits = [w for w in (meta.get("runq_share"), meta.get("runq_share_all")) if w is not None]
     return max(waits) >= contention.TIME_SHARED_AT if waits else meta.get("cpu_share", 1.0) < 0.8
 

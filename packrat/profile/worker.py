@@ -181,15 +181,21 @@ def _time_batch(task: Any, batch: int, scope: str, rule: Any, deadline: float | 
     # point asks for: a runtime's pool threads descheduled by other work wait there, while
     # threads idle by nature (GPT-2's Python loop between ops, a handler that sleeps) lower
     # cpu_share but wait for no core.
+    # And whether the wait was others' doing: the CPU time the point's cores spent on other
+    # processes (their busy ticks less this process's CPU time) per wall second per core. A
+    # runtime that starts more threads than the slot's on its cores (OpenVINO at two threads)
+    # waits on itself: its figures are what serving it costs, nothing to correct or re-measure.
     load_before = os.getloadavg()[0]
-    wait0, all0 = _runq_wait_s(), _runq_wait_all_s()
+    wait0, all0, ticks0 = _runq_wait_s(), _runq_wait_all_s(), _core_ticks()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     stats = measure(call, rule, deadline=deadline)
     wall = max(1e-9, time.perf_counter() - wall0)
-    cpu_share = (time.process_time() - cpu0) / (wall * threads)
-    wait1, all1 = _runq_wait_s(), _runq_wait_all_s()
+    cpu = time.process_time() - cpu0
+    cpu_share = cpu / (wall * threads)
+    wait1, all1, ticks1 = _runq_wait_s(), _runq_wait_all_s(), _core_ticks()
     runq_share = None if wait0 is None or wait1 is None else min(1.0, max(0.0, (wait1 - wait0) / wall))
     runq_all = None if all0 is None or all1 is None else min(1.0, max(0.0, (all1 - all0) / (wall * threads)))
+    others = _others_share(ticks0, ticks1, cpu, wall)
     if stats is None:
         return None
     return {
@@ -209,6 +215,7 @@ def _time_batch(task: Any, batch: int, scope: str, rule: Any, deadline: float | 
             "cpu_share": round(cpu_share, 3),
             "runq_share": None if runq_share is None else round(runq_share, 3),
             "runq_share_all": None if runq_all is None else round(runq_all, 3),
+            "others_share": None if others is None else round(others, 3),
             "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         },
     }
@@ -241,6 +248,32 @@ def _runq_wait_all_s() -> float | None:
         except (OSError, IndexError, ValueError):
             continue
     return total / 1e9 if seen else None
+
+
+def _core_ticks() -> dict[int, tuple[int, int]] | None:
+    """/proc/stat's (idle, all) ticks of the CPUs this process may run on (its slot's cores),
+    None where it cannot be read."""
+    from packrat.cores import read_cpu_ticks
+
+    try:
+        mine = os.sched_getaffinity(0)
+        return {c: t for c, t in read_cpu_ticks().items() if c in mine}
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _others_share(before: dict[int, tuple[int, int]] | None, after: dict[int, tuple[int, int]] | None,
+                  own_cpu_s: float, wall_s: float) -> float | None:
+    """CPU time other processes had on these cores per wall second per core (0..1): the
+    cores' busy time between the readings less this process's own CPU time. None without
+    readings."""
+    if not before or not after:
+        return None
+    cores = [c for c in before if c in after]
+    busy = sum((after[c][1] - after[c][0]) - (before[c][1] - before[c][0]) for c in cores)
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    others = busy / hz - own_cpu_s
+    return min(1.0, max(0.0, others / (wall_s * len(cores)))) if cores else None
 
 
 def main(argv: list[str]) -> int:
