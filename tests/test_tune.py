@@ -505,6 +505,43 @@ def test_the_tune_keeps_the_archives_mode_unless_another_is_clearly_faster(
         assert "kept" not in row
 
 
+def test_a_tune_asked_for_one_mode_still_compares_a_faster_mode_measured_before(
+        tmp_path: Path, tiny_store: Path, monkeypatch) -> None:
+    """`packrat tune bert-base --mode int8s-openvino` on the demo (2026-12-06) measured fp32-eager
+    and int8s-openvino only and swapped int8-onnxruntime (834 ms, measured by the first tune)
+    for fp32-eager (1458 ms). A valid profile of another mode is compared too, unless --fresh."""
+    import packrat.tune.run as tune_run
+    from packrat.profile.fingerprint import current_fingerprint
+
+    def fake_run_profile(archive, settings, progress=True, on_update=None, log_path=None, on_event=None):
+        section = archive.config["packrat"]
+        mode = f"{section.get('precision', 'fp32')}-{section.get('runtime', 'eager')}"
+        if on_event is not None:
+            on_event({"event": "ready", "mode": {"build_s": 0.5, "guard": None}})
+        prof = _profile(mode, 4.0 if mode == "fp32-torchscript" else 10.0)
+        return replace(prof, model_id=archive.model_id, fingerprint=current_fingerprint(archive.config),
+                       extra={"settings": {"max_batch": settings.max_batch}, "complete": True})
+
+    monkeypatch.setattr(tune_run, "run_profile", fake_run_profile)
+    shutil.copytree(tiny_store / "tiny-bert", tmp_path / "base")
+    state = tmp_path / "state"
+
+    def tune(mode: str, fresh: bool = False) -> tuple[str, dict]:
+        tracker = tune_run.Tracker(state, "m")
+        settings = tune_run.TuneSettings(cores=2, batch=4, modes=(mode,), budget_s=60.0, max_batch=4, fresh=fresh)
+        return tune_run.tune_model(tmp_path / "base", "m", state, settings, tracker).plan.mode, tracker.snapshot()
+
+    assert tune("fp32-torchscript")[0] == "fp32-torchscript"  # the first tune: the faster mode
+    chosen, record = tune("fp32-onnxruntime")
+    assert chosen == "fp32-torchscript", record["modes"]
+    assert record["modes"]["fp32-torchscript"]["state"] == "reused"
+    assert "earlier tune" in record["modes"]["fp32-torchscript"]["note"]
+    assert record["candidates"][0] == "fp32-eager" and "fp32-torchscript" in record["candidates"]
+    # --fresh: the modes asked for, measured anew, and nothing else.
+    chosen, record = tune("fp32-onnxruntime", fresh=True)
+    assert chosen == "fp32-eager" and "fp32-torchscript" not in record["modes"], record["modes"]
+
+
 def test_fallback_modes_are_the_refused_bf16_graph_modes_in_fp32() -> None:
     from packrat.tune.modes import fallback_modes
 

@@ -92,7 +92,8 @@ class TuneRequest(BaseModel):
     modes: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
         default=None, max_length=32,
         description="modes to try besides the archive's own, e.g. ['bf16-openvino']; ['all'] = every "
-                    "supported mode [default: a short list per task, docs/tuning.md]")
+                    "supported mode [default: a short list per task, docs/tuning.md]; modes an earlier tune "
+                    "measured, still valid, are compared too unless fresh")
     budget_s: float | None = Field(
         default=None, gt=0, le=24 * 3600,
         description=f"the whole tune of this model [s] (default {_default('tune_budget_s')})")

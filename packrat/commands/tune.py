@@ -37,7 +37,8 @@ def mode_table(tune: TuneRecord) -> str:
 def tune_command(
     model: str = typer.Argument(..., help="model name as registered in TorchServe"),
     modes: list[str] = typer.Option([], "--mode", help="a mode to try, e.g. bf16-openvino (repeat); 'all' = every "
-                                                        "supported mode (default: a short list per task)"),
+                                                        "supported mode (default: a short list per task); modes "
+                                                        "measured before are compared too unless --fresh"),
     # Unset, the tune's own defaults apply (the settings table's, shown in brackets).
     budget: Optional[float] = setting_option("tune_budget_s", "--budget", deferred=True),
     batch: Optional[int] = setting_option("tune_batch", "--batch", deferred=True,

@@ -5,7 +5,9 @@
 1. probe       which modes this machine and the archive's handler support
                (packrat.profile.probe; packrat.tune.modes picks the candidates).
 2. per mode    a profile still valid for this archive and machine is reused
-               (packrat.profile.library checks hash and fingerprint); a mode
+               (packrat.profile.library checks hash and fingerprint; a tune
+               asked for some modes also compares the other modes an earlier
+               tune measured, where still valid: _measured_before); a mode
                refused earlier for the same archive and machine is not retried
                unless asked for by name; otherwise the mode is profiled in the
                profiler's isolated pinned workers, which load it through the
@@ -312,6 +314,17 @@ def tune_model(
     log_dir.mkdir(parents=True, exist_ok=True)
     run = _Run(archive, model, Path(state_dir), settings, tracker, log_dir, started)
     todo, profiles = _settle(run, modes, requested, previous)
+    if requested and not settings.fresh:
+        # Asked to try some modes: the modes an earlier tune measured, whose profiles are still
+        # valid here, are compared too (appended: the archive's own stays first). Trying one
+        # more mode must not drop a faster one found before.
+        earlier = _measured_before(run, modes)
+        for mode, prof in earlier.items():
+            tracker.mode(mode, state="reused", path=str(profile_file(run.state_dir, model, mode)),
+                         points=len(prof.points), note="measured by an earlier tune, still valid: compared too")
+        profiles.update(earlier)
+        modes.extend(earlier)
+        tracker.set(candidates=modes)
     spare = [] if requested else fallback_modes(caps, modes, skipped)
 
     def fallback() -> list[str]:
@@ -383,6 +396,27 @@ def _settle(run: _Run, modes: list[str], requested: list[str], previous: TuneRec
             tracker.mode(mode, state="pending", path=str(path), why=why)
             todo.append(mode)
     return todo, profiles
+
+
+def _measured_before(run: _Run, modes: list[str]) -> dict[str, Profile]:
+    """{mode: its saved profile} for the modes not in `modes` whose profile in the state
+    directory is still valid for this archive and machine, reaches the tune's batches and
+    thread counts and was timed at the traffic's sizes (what _settle would reuse)."""
+    from packrat.profile.library import profiles_dir
+
+    found: dict[str, Profile] = {}
+    settings = run.settings
+    for path in sorted(profiles_dir(run.state_dir, run.model).glob("*.json")):
+        mode = path.stem
+        if mode in modes or not _known_mode(mode):
+            continue
+        chk = check_mode_profile(path, mode, run.archive.model_id, run.archive.config, cores=settings.cores)
+        if not chk.usable or chk.profile is None:
+            continue
+        prof_max = (chk.profile.extra.get("settings") or {}).get("max_batch", 0)
+        if prof_max >= settings.profile_max_batch and not _sizes_moved(chk.profile, settings.sizes):
+            found[mode] = chk.profile
+    return found
 
 
 def _sizes_moved(profile: Profile | None, sizes: tuple[tuple[str, int], ...]) -> list[str]:
