@@ -180,6 +180,18 @@ def test_status_page_shows_the_live_plan_only_with_the_key(stack, browser) -> No
     section = f"section.model[data-model='{MODEL}']"
     wait_for(lambda: texts(driver, f"{section} dd.live-plan") == [SHAPE])
     assert texts(driver, f"{section} dd.live-version") == [status["version"]]
+    # Nothing under way now; what the row says when a swap runs, or a last plan is to be
+    # applied again after a restart (the page's own function on the controller's wire forms).
+    assert texts(driver, f"{section} dd.under-way") == ["–"]
+    plan = {"mode": "int8-onnxruntime", "instances": PLAN}
+    swap = {"model": MODEL, "to_version": "p2", "phase": "drain", "plan": plan}
+    assert driver.execute_script("return underWayText(arguments[0])", {"model": MODEL, "swap_in_progress": swap}) \
+        == f"swapping to int8-onnxruntime {SHAPE} as version p2 (drain)"
+    other = {**swap, "model": "another"}  # another model's swap is not this one's
+    assert driver.execute_script("return underWayText(arguments[0])", {"model": MODEL, "swap_in_progress": other}) == "–"
+    lost = {"version": "p1", "plan": {"instances": PLAN}}
+    assert driver.execute_script("return underWayText(arguments[0])", {"model": MODEL, "lost_plan": lost}) \
+        == f"to apply its last plan again ({SHAPE}: version p1 is no longer loaded)"
     assert texts(driver, f"{section} dd.predicted-latency") == [f"{ms_text(status['predicted_latency_ms'])} ms"]
     swaps = " ".join(texts(driver, f"{section} table.swaps"))
     assert status["last_swaps"][-1]["to_version"] in swaps and "applied" in swaps

@@ -200,6 +200,29 @@ function render(views, health) {
   $("models").replaceChildren(...sections);
 }
 
+// What is under way beyond the tune's last word (as `packrat status` leads a model's stage):
+// a swap bringing a new version up, or the last plan the restart watch is to apply again.
+// A tune's "applied X" stays its text while a later swap still brings its version up.
+function underWayText(status) {
+  const swap = status.swap_in_progress;
+  if (swap && swap.model === status.model) {
+    const version = swap.to_version ? ` as version ${swap.to_version}` : "";
+    return `swapping to ${targetText(swap.plan, "a new plan")}${version} (${swap.phase || "starting"})`;
+  }
+  const lost = status.lost_plan;
+  if (lost) {
+    return `to apply its last plan again (${targetText(lost.plan, "a Packrat plan")}: version ${lost.version} is no longer loaded)`;
+  }
+  return "–";
+}
+
+// A plan's wire form as "<mode> <shape>" (what it has of them), else `otherwise`.
+function targetText(plan, otherwise) {
+  const p = plan || {};
+  const words = [p.mode, Array.isArray(p.instances) && p.instances.length ? shapeText(p) : null].filter(Boolean);
+  return words.length ? words.join(" ") : otherwise;
+}
+
 function dl(rows) {
   const list = el("dl");
   for (const [k, v, cls] of rows) {
@@ -226,6 +249,7 @@ function modelSection({ name, status, adapt, jobs }) {
     // The cores this model may use now (divided among models with load: docs/cores.md).
     ["may use", Array.isArray(status.share) ? status.share.join(",") : "–"],
     ["pin", pinText(status.pin), "pin"],
+    ["under way", underWayText(status), "under-way"],
     // The input shape served (the workers' size histograms) and the one the last tune profiled at.
     ["traffic", trafficText(status.traffic), "traffic"],
     ["tuned for", tunedForText(status.tune), "tuned-for"],
