@@ -17,15 +17,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
+from packrat.bench.contention_marks import busy_loops
 from packrat.control.quiet import IDLE_AT, Quiet
 from packrat.cores import read_cpu_ticks
 from packrat.control.tuning import BUDGET_WHY, BUSY_WHY, busy_note, why_busy
@@ -126,19 +123,6 @@ def test_cpu_ticks_are_read_per_cpu_from_proc_stat() -> None:
 
 # -- end to end ----------------------------------------------------------------------
 
-def _hogs(cores: tuple[int, ...]) -> list[subprocess.Popen]:
-    """One busy loop per core, pinned to it: a build or test run sharing the machine."""
-    return [subprocess.Popen(["taskset", "-c", str(c), sys.executable, "-c", "while True: pass"],
-                             start_new_session=True) for c in cores]
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=10)
-
-
 @pytest.fixture
 def busy_stack(tiny_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     store = tmp_path / "store"
@@ -166,14 +150,10 @@ def _tune(ctl: ControllerProcess) -> dict:
 
 def test_a_tune_timed_beside_busy_loops_is_measured_again_when_they_stop(busy_stack) -> None:
     server, ctl = busy_stack
-    cores = usable_cores(2)
-    hogs = _hogs(cores)
-    try:
+    with busy_loops(usable_cores(2)):  # one per core of the controller's: a build or test run beside it
         ctl.start()
         first = wait_until(lambda: (t := _tune(ctl)).get("state") in ("done", "failed") and t, 300,
                            "the first tune (beside the busy loops) to end")
-    finally:
-        _stop(hogs)
     print(json.dumps(first, indent=1))
     assert first["state"] == "done" and first["trigger"] == "auto: never tuned", first
     # Its two-thread points got about half the CPU they ask: contended, and the record says so.

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +63,7 @@ def run(out: Path, command: str, targets: Sequence[tuple[Path, str]], rounds: in
             for archive, mode in targets:
                 for arm in (ARMS if r % 2 else ARMS[::-1]):  # quiet first in odd rounds
                     started = time.time()
-                    if arm == "busy":
-                        with busy_loops(cores):
-                            points = profile_points(archive, mode, len(cores), max_batch, point_budget_s)
-                    else:
+                    with busy_loops(cores) if arm == "busy" else nullcontext():
                         points = profile_points(archive, mode, len(cores), max_batch, point_budget_s)
                     for p in points:
                         row = {"round": r, "model": archive.name, "mode": mode, "arm": arm, "started": started, **p}

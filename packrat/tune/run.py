@@ -57,7 +57,7 @@ from packrat.plan.confidence import is_fat
 from packrat.profile import ArchiveRef, ProfileSettings, open_archive, run_profile, save_profile
 from packrat.profile.fingerprint import config_in_mode, current_fingerprint
 from packrat.profile.identity import archive_in_mode
-from packrat.profile.library import HASHES, check_mode_profile, profile_file
+from packrat.profile.library import HASHES, check_mode_profile, profile_file, profiles_dir
 from packrat.profile.probe import probe_archive
 from packrat.profile.shape import shifted, timed_sizes
 from packrat.tune.modes import ALL, candidate_modes, fallback_modes
@@ -402,8 +402,6 @@ def _measured_before(run: _Run, modes: list[str]) -> dict[str, Profile]:
     """{mode: its saved profile} for the modes not in `modes` whose profile in the state
     directory is still valid for this archive and machine, reaches the tune's batches and
     thread counts and was timed at the traffic's sizes (what _settle would reuse)."""
-    from packrat.profile.library import profiles_dir
-
     found: dict[str, Profile] = {}
     settings = run.settings
     for path in sorted(profiles_dir(run.state_dir, run.model).glob("*.json")):
