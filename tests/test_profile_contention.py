@@ -71,9 +71,10 @@ def test_threads_idle_by_nature_are_not_contention_where_their_wait_is_known() -
 
 def test_a_wait_on_its_own_threads_is_neither_corrected_nor_contended() -> None:
     # As make run measured BERT-base int8s-openvino at two threads on a quiet machine
-    # (2026-12-06): its calling thread waited 19 % of the time, its threads 32 %, while other
-    # processes had 2 % of its cores: OpenVINO's own threads outnumber the slot's cores, as
-    # they will when it serves. The same waits with others on the cores are contention.
+    # (2026-12-06): its calling thread waited 19 % of the time, its threads 32 %, the tune the
+    # only work (load average 1.4 on 2 cores; that worker did not record others_share yet: 0.02
+    # here stands for that): OpenVINO's own threads outnumber the slot's cores, as they will
+    # when it serves. The same waits with others on the cores are contention.
     own = fields(415.3, 0.595, 0.194, runq_share_all=0.324, others_share=0.02)
     assert contention.handled(own, threads=2) == own
     one = fields(337.0, 0.8, 0.2, runq_share_all=0.2, others_share=0.03)
