@@ -56,6 +56,7 @@ from packrat.plan import same_shape
 from packrat.profile import library
 from packrat.profile.library import Checked
 from packrat.profile.shape import RECENT_S, RecentSizes, representative_sizes, shifted, sizes_by_batch, timed_sizes
+from packrat.tune.run import out_of_budget
 from packrat.types import Plan, Policy, Profile, TuneRecord, ms_text
 from packrat.worker_counters import SizeHistogram
 
@@ -261,14 +262,6 @@ def why_busy(record: TuneRecord | None, quiet_s: float, again_after_s: float) ->
         return None
     modes = tuple(busy)
     return f"{BUSY_WHY} ({', '.join(modes)}); measured again after {quiet_s:.0f} s quiet", modes
-
-
-def out_of_budget(record: TuneRecord) -> list[str]:
-    """The modes of a tune that the budget cut short: skipped with it exhausted, or nothing
-    measured within their share (packrat.tune.run's reasons)."""
-    return [m for m, r in record.modes.items()
-            if (r.state == "skipped" and "budget exhausted" in (r.reason or ""))
-            or (r.state == "failed" and "within its budget" in (r.reason or ""))]
 
 
 class AutoTuner:

@@ -347,6 +347,20 @@ def tune_model(
     return result
 
 
+# The reasons a mode's record gives when the tune's budget cut it short; out_of_budget
+# recognises them (the auto-tuner tunes such a failure again once the machine is quiet).
+BUDGET_SKIPPED = "tuning budget exhausted"
+BUDGET_NOTHING_MEASURED = "no point measured within its budget"
+
+
+def out_of_budget(record: TuneRecord) -> list[str]:
+    """The modes of a tune that the budget cut short: skipped with it exhausted, or nothing
+    measured within their share."""
+    return [m for m, r in record.modes.items()
+            if (r.state == "skipped" and (r.reason or "").startswith(BUDGET_SKIPPED))
+            or (r.state == "failed" and r.reason == BUDGET_NOTHING_MEASURED)]
+
+
 def busy_modes(profiles: dict[str, Profile]) -> dict[str, list[list[int]]]:
     """{mode: its contended points as [instances, threads, batch]} for the profiles that have
     any: several-thread points that got less CPU than they ask while other work had their
@@ -452,7 +466,7 @@ def _measure(run: _Run, todo: list[str], own_mode: str, profiles: dict[str, Prof
         share = remaining / (len(todo) - k + 1)
         if share < MIN_MODE_BUDGET_S:
             run.tracker.mode(mode, state="skipped",
-                             reason=f"tuning budget exhausted ({remaining:.0f} s left)")
+                             reason=f"{BUDGET_SKIPPED} ({remaining:.0f} s left)")
             continue
         first_turn = mode not in todo[:k - 1]
         # A retried mode counts again in N; say so, or "mode 4 of 4" reads as a fourth mode.
@@ -536,7 +550,7 @@ def _turn(run: _Run, mode: str, label: str, share: float, first_turn: bool) -> t
             "within the same budget"))
         return prof, True
     if not prof.points:
-        tracker.mode(mode, state="failed", reason="no point measured within its budget",
+        tracker.mode(mode, state="failed", reason=BUDGET_NOTHING_MEASURED,
                      duration_s=round(time.monotonic() - m_started, 1))
         return prof, False
     tracker.mode(mode, state="profiled", path=str(path), points=len(prof.points),
