@@ -11,21 +11,19 @@ A mode is refused, with the reason, when
 
 The live mode and the archive's own mode are always allowed: they serve already.
 What the machine runs comes from the last tune's record when it was made for this
-archive and machine (its probe's capabilities), else from a fresh probe of the
+archive and machine with the same libraries installed (its probe's capabilities), else from a fresh probe of the
 archive (packrat.profile.probe: a child interpreter, a few seconds).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from packrat import tune
 from packrat.apply import versions
 from packrat.control.values import ModelState
 from packrat.modes import ExecutionMode
-from packrat.profile.probe import Capabilities, probe_archive
-from packrat.types import TuneRecord
+from packrat.tune.run import capabilities_for
 
 
 def mode_refusal(state_dir: Path, st: ModelState, base: str, base_dir: Path, mode: str) -> str | None:
@@ -46,16 +44,5 @@ def mode_refusal(state_dir: Path, st: ModelState, base: str, base_dir: Path, mod
     if entry is not None and entry.state == "refused" and entry.model_id in (None, key["model_id"]):
         reason = " ".join((entry.reason or "").split())[:500]
         return f"{mode} failed its accuracy guard for {st.model} in the last tune: {reason}"
-    why = tune.unsupported(mode, _capabilities(record, key, base_dir))
+    why = tune.unsupported(mode, capabilities_for(record, key, base_dir)[0])
     return f"{mode} is not supported for {st.model} on this machine: {why}" if why else None
-
-
-def _capabilities(record: TuneRecord | None, key: dict[str, Any], base_dir: Path) -> Capabilities:
-    """What this machine runs for the archive: the last tune's probe when the tune was made for
-    this archive and machine, else a fresh probe."""
-    caps = record.capabilities if record is not None and record.key == key else None
-    if caps is not None and "mode" in caps:
-        return Capabilities(task=caps.get("task"), mode=caps["mode"], runtimes=tuple(caps.get("runtimes") or ()),
-                            bf16=caps.get("bf16"), unavailable=dict(caps.get("unavailable") or {}),
-                            int8=caps.get("int8"))
-    return probe_archive(base_dir)

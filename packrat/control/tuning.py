@@ -157,7 +157,8 @@ class Tuning:
             key: dict[str, Any] | None = None
             try:
                 key = tune.tune_key(base_dir, base)
-                result = tune.tune_model(base_dir, model, self.state_dir, settings, tracker, previous=previous)
+                result = tune.tune_model(base_dir, model, self.state_dir, settings, tracker, previous=previous,
+                                         key=key)
                 return self._apply_tuned(model, result, tracker, key)
             except Exception as exc:
                 tracker.set(state="failed", stage="failed", text=f"failed: {exc}"[:500], error=str(exc),

@@ -8,17 +8,22 @@
      "bf16": null | "why not",                  # packrat_tasks.precision.check_bf16()
      "int8": null | "why not",                  # int8-static's speed: VNNI/AMX/AVX2 int8 flags
      "unavailable": {"openvino": "ModuleNotFoundError: ...",
-                     "int8s-openvino": "nncf is not installed", ...}}
+                     "int8s-openvino": "nncf is not installed", ...},
+     "libraries": {"openvino": "2026.4.1", "nncf": null, ...}}  # library_versions() then
 
 bf16 is judged by the handler's own check (native avx512_bf16/AMX flags and
 oneDNN's bf16 support), so the tuner offers bf16 exactly where a worker would
 accept it; a foreign runtime counts as available only if it imports here.
 The probe runs in its own interpreter because importing torch, ONNX Runtime
-or OpenVINO into the controller would start their thread pools there.
+or OpenVINO into the controller would start their thread pools there. That costs
+seconds (~6.5 s of imports on 2 cores), so a tune reuses the last tune's answer
+while the archive, the machine and these libraries' versions are the same
+(packrat.tune.run.capabilities_for).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -41,6 +46,22 @@ INT8S_IMPORTS: dict[str, tuple[str, ...]] = {
     "openvino": ("nncf",),
 }
 
+# The installed distributions a probe's answer depends on beyond the archive and the
+# machine's fingerprint: one installed, removed or upgraded since makes a reused answer stale.
+PROBED_LIBRARIES = ("torch", "onnx", "onnxruntime", "openvino", "nncf", "intel_extension_for_pytorch")
+
+
+def library_versions() -> dict[str, str | None]:
+    """The installed version of each of PROBED_LIBRARIES (None: not installed), from package
+    metadata: nothing is imported."""
+    out: dict[str, str | None] = {}
+    for name in PROBED_LIBRARIES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -51,10 +72,20 @@ class Capabilities:
     # runtime (or "int8s-<runtime>": its quantisation tool) -> why not
     unavailable: dict[str, str] = field(default_factory=dict)
     int8: str | None = None  # None: the CPU has SIMD int8 multiply-add (VNNI, AMX or AVX2); else why not
+    libraries: dict[str, str | None] = field(default_factory=dict)  # library_versions() when probed
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "mode": self.mode, "runtimes": list(self.runtimes),
-                "bf16": self.bf16, "int8": self.int8, "unavailable": dict(self.unavailable)}
+                "bf16": self.bf16, "int8": self.int8, "unavailable": dict(self.unavailable),
+                "libraries": dict(self.libraries)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Capabilities:
+        """The probe's JSON (or to_dict's); KeyError without "mode"."""
+        return cls(task=d.get("task"), mode=d["mode"], runtimes=tuple(d.get("runtimes") or ()),
+                   bf16=d.get("bf16"), unavailable=dict(d.get("unavailable") or {}),
+                   int8=d.get("int8", "the probe reported nothing about int8 (an older probe)"),
+                   libraries=dict(d.get("libraries") or {}))
 
 
 def probe_archive(archive_dir: str | Path, timeout_s: float = 180.0) -> Capabilities:
@@ -69,10 +100,7 @@ def probe_archive(archive_dir: str | Path, timeout_s: float = 180.0) -> Capabili
     if r.returncode != 0 or not lines:
         raise ProfileError(f"capability probe of {archive_dir} failed (exit {r.returncode}): "
                            f"{(r.stderr or r.stdout).strip()[-800:]}")
-    d = json.loads(lines[-1])
-    return Capabilities(task=d.get("task"), mode=d["mode"], runtimes=tuple(d["runtimes"]),
-                        bf16=d.get("bf16"), unavailable=dict(d.get("unavailable") or {}),
-                        int8=d.get("int8", "the probe reported nothing about int8 (an older probe)"))
+    return Capabilities.from_dict(json.loads(lines[-1]))
 
 
 def _child_env() -> dict[str, str]:
@@ -120,6 +148,7 @@ def _probe(archive_dir: str) -> dict[str, Any]:
                 if tool:
                     out["unavailable"][f"int8s-{name}"] = tool
     out["runtimes"] = available
+    out["libraries"] = library_versions()
     return out
 
 

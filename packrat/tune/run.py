@@ -58,7 +58,7 @@ from packrat.profile import ArchiveRef, ProfileSettings, open_archive, run_profi
 from packrat.profile.fingerprint import config_in_mode, current_fingerprint
 from packrat.profile.identity import archive_in_mode
 from packrat.profile.library import HASHES, check_mode_profile, profile_file, profiles_dir
-from packrat.profile.probe import probe_archive
+from packrat.profile.probe import Capabilities, library_versions, probe_archive
 from packrat.profile.shape import shifted, timed_sizes
 from packrat.tune.modes import ALL, candidate_modes, fallback_modes
 from packrat.types import Plan, Profile, TunePlanRow, TuneRecord, ms_text
@@ -290,6 +290,18 @@ class _Run:
         return asdict(current_fingerprint(config_in_mode(self.archive.config, mode)))
 
 
+def capabilities_for(record: TuneRecord | None, key: dict[str, Any] | None, base_dir: str | Path
+                     ) -> tuple[Capabilities, bool]:
+    """(what this machine runs for the archive, whether it is the last tune's answer): the
+    last tune's probe when that tune was made for this archive and machine (`key`: tune_key)
+    and the probed libraries are installed at the same versions, else a fresh probe (a
+    child interpreter importing torch and the runtimes: seconds)."""
+    caps = record.capabilities if record is not None and key is not None and record.key == key else None
+    if caps and "mode" in caps and caps.get("libraries") == library_versions():
+        return Capabilities.from_dict(caps), True
+    return probe_archive(base_dir), False
+
+
 def tune_model(
     base_dir: str | Path,
     model: str,
@@ -298,14 +310,19 @@ def tune_model(
     tracker: Tracker,
     *,
     previous: TuneRecord | None = None,
+    key: dict[str, Any] | None = None,
     log_dir: str | Path | None = None,
 ) -> TuneResult:
-    """Guard and profile every candidate mode of `model`'s base archive, then choose; see the module doc."""
+    """Guard and profile every candidate mode of `model`'s base archive, then choose; see the
+    module doc. `key` (tune_key) lets it reuse `previous`'s probe when both were made for it."""
     started = time.monotonic()
     tracker.set(state="running", stage="probing", text="probing what this machine can run",
                 started=tracker.now(), batch=settings.batch, budget_s=settings.budget_s)
     archive = open_archive(base_dir)
-    caps = probe_archive(archive.directory)
+    caps, reused = capabilities_for(previous, key, archive.directory)
+    if reused:
+        log.info("%s: the last tune's probe reused (same archive, machine and libraries)", model)
+    tracker.set(probe="the last tune's, reused (same archive, machine and libraries)" if reused else "probed")
     requested = [m.strip().lower() for m in settings.modes or ()]
     modes, skipped = candidate_modes(caps, requested or None)
     tracker.set(candidates=modes, skipped=skipped, capabilities=caps.to_dict(),
