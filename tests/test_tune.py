@@ -197,6 +197,27 @@ def test_a_dropped_ticket_does_not_hold_up_the_ones_after_it() -> None:
     assert held == [after], "stuck: the ticket after a dropped one never got its turn"
 
 
+@pytest.fixture(scope="module")
+def probed(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The real capability probe of tiny-bert, run once for the module: each run is a fresh
+    interpreter importing torch (~6.5 s on 2 cores), and its answer depends only on the
+    archive and the machine, the same for every stand-in-profiler test below."""
+    from packrat.profile.probe import probe_archive
+
+    copy = tmp_path_factory.mktemp("probed") / "base"
+    shutil.copytree(tiny_store / "tiny-bert", copy)
+    caps = probe_archive(copy)
+    assert caps.mode == "fp32-eager" and "torchscript" in caps.runtimes, caps
+    return caps
+
+
+def _probed_once(monkeypatch: pytest.MonkeyPatch, caps: Capabilities) -> None:
+    """tune_model's probe answers with the module's one real probe of tiny-bert (`probed`)."""
+    import packrat.tune.run as tune_run
+
+    monkeypatch.setattr(tune_run, "probe_archive", lambda directory: caps)
+
+
 def _profile(mode: str, scale: float) -> Profile:
     fp = Fingerprint("cpu", 2, "glibc", "2.13.0", mode)
     pts = tuple(ProfilePoint(t, b, scale * b / (1.6 if t == 2 else 1.0)) for t in (1, 2) for b in (1, 2, 4))
@@ -419,7 +440,7 @@ def _retune_on_request_reuses_valid_profiles(server, ctl: Ctl) -> None:
                          [(30.0, (), True), (30.0, ((1, 1),), True), (30.0, ((2, 4),), True),
                           (30.0, ((2, 4), (1, 2)), False), (1.0, (), False)])
 def test_a_mode_whose_cold_build_took_its_share_is_measured_again_last(
-        tmp_path: Path, tiny_store: Path, monkeypatch, build_s: float,
+        tmp_path: Path, tiny_store: Path, monkeypatch, probed: Capabilities, build_s: float,
         first_points: tuple[tuple[int, int], ...], retried: bool) -> None:
     """int8-static's calibration can take most of a mode's share of the budget on 2 cores
     (BERT-base in `make run`): no point, or too few to plan at the tune's batch (run 8:
@@ -447,6 +468,7 @@ def test_a_mode_whose_cold_build_took_its_share_is_measured_again_last(
         return replace(prof, model_id=archive.model_id)
 
     monkeypatch.setattr(tune_run, "run_profile", fake_run_profile)
+    _probed_once(monkeypatch, probed)
     shutil.copytree(tiny_store / "tiny-bert", tmp_path / "base")
     texts: list[str] = []
     tracker = tune_run.Tracker(tmp_path / "state", "m", on_change=lambda snap: texts.append(snap.get("text") or ""))
@@ -480,7 +502,7 @@ def test_a_mode_whose_cold_build_took_its_share_is_measured_again_last(
 
 @pytest.mark.parametrize("scale, chosen", [(9.8, "fp32-eager"), (9.5, "fp32-torchscript")])
 def test_the_tune_keeps_the_archives_mode_unless_another_is_clearly_faster(
-        tmp_path: Path, tiny_store: Path, monkeypatch, scale: float, chosen: str) -> None:
+        tmp_path: Path, tiny_store: Path, monkeypatch, probed: Capabilities, scale: float, chosen: str) -> None:
     """make run 11 chose GPT-2 bf16-eager at 2236 ms over its own fp32-eager at 2258 ms:
     1 %, inside what a second measurement moves. A later mode needs MODE_MARGIN (3 %)."""
     import packrat.tune.run as tune_run
@@ -493,6 +515,7 @@ def test_the_tune_keeps_the_archives_mode_unless_another_is_clearly_faster(
         return replace(_profile(mode, scale if mode == "fp32-torchscript" else 10.0), model_id=archive.model_id)
 
     monkeypatch.setattr(tune_run, "run_profile", fake_run_profile)
+    _probed_once(monkeypatch, probed)
     shutil.copytree(tiny_store / "tiny-bert", tmp_path / "base")
     tracker = tune_run.Tracker(tmp_path / "state", "m")
     settings = tune_run.TuneSettings(cores=2, batch=4, modes=("fp32-torchscript",), budget_s=60.0, max_batch=4)
@@ -506,7 +529,7 @@ def test_the_tune_keeps_the_archives_mode_unless_another_is_clearly_faster(
 
 
 def test_a_tune_asked_for_one_mode_still_compares_a_faster_mode_measured_before(
-        tmp_path: Path, tiny_store: Path, monkeypatch) -> None:
+        tmp_path: Path, tiny_store: Path, monkeypatch, probed: Capabilities) -> None:
     """`packrat tune bert-base --mode int8s-openvino` on the demo (2026-12-06) measured fp32-eager
     and int8s-openvino only and swapped int8-onnxruntime (834 ms, measured by the first tune)
     for fp32-eager (1458 ms). A valid profile of another mode is compared too, unless --fresh."""
@@ -523,6 +546,7 @@ def test_a_tune_asked_for_one_mode_still_compares_a_faster_mode_measured_before(
                        extra={"settings": {"max_batch": settings.max_batch}, "complete": True})
 
     monkeypatch.setattr(tune_run, "run_profile", fake_run_profile)
+    _probed_once(monkeypatch, probed)
     shutil.copytree(tiny_store / "tiny-bert", tmp_path / "base")
     state = tmp_path / "state"
 
