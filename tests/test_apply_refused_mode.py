@@ -23,6 +23,25 @@ from waiting import wait_until
 MODEL = "strict-bert"
 # int8 moves tiny-bert's probabilities by ~1e-3: with no difference allowed the guard must refuse.
 STRICT = {"max_prob_diff": 0.0}
+PLAN = Plan(cores=2, batch=1, instances=(Instance(1, 1, 0.0),), predicted_latency_ms=0.0, mode="int8-eager")
+
+
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory: pytest.TempPathFactory):
+    """One TorchServe serving the strict archive (base version 1.0, one worker) for both
+    refusal tests: an archive build, a JVM start and a tiny-bert worker's load each are
+    seconds on 2 cores. Each test leaves it as it found it (only 1.0 loaded, asserted),
+    so they pass in either order. Yields (server, model store)."""
+    from packrat.archive import ArchiveOptions, build_named
+
+    store = tmp_path_factory.mktemp("strict-store")
+    build_named("tiny-bert", store, MODEL, ArchiveOptions(extra={"guard": STRICT}))
+    server = start_server(store, tmp_path_factory.mktemp("strict-ts"))
+    try:
+        server.management_client().register(MODEL, MODEL, 1)
+        yield server, store
+    finally:
+        server.stop()
 
 
 def test_a_refused_mode_is_the_caller_s_mistake() -> None:
@@ -32,34 +51,27 @@ def test_a_refused_mode_is_the_caller_s_mistake() -> None:
 
 @pytest.mark.torchserve
 @pytest.mark.slow
-def test_an_apply_in_a_mode_the_guard_refuses_says_so_and_keeps_serving(tmp_path: Path, monkeypatch) -> None:
+def test_an_apply_in_a_mode_the_guard_refuses_says_so_and_keeps_serving(strict, monkeypatch) -> None:
     from packrat.apply.swap import Swapper
-    from packrat.archive import ArchiveOptions, build_named
 
-    store = tmp_path / "store"
-    build_named("tiny-bert", store, MODEL, ArchiveOptions(extra={"guard": STRICT}))
-    server = start_server(store, tmp_path / "ts")
-    try:
-        monkeypatch.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))  # the Swapper reads the status files
-        client = server.management_client()
-        client.register(MODEL, MODEL, 1)
-        swapper = Swapper(client, store, cores=list(usable_cores(2)))
-        plan = Plan(cores=2, batch=1, instances=(Instance(1, 1, 0.0),), predicted_latency_ms=0.0, mode="int8-eager")
-        with pytest.raises(ModeRefusedError) as refused:
-            swapper.apply(MODEL, plan)
-        message = str(refused.value)
-        assert "refused mode int8-eager: AccuracyGuardError: accuracy guard REFUSED int8-eager" in message, message
-        assert "(<= 0.0: FAIL)" in message and "keep dying" not in message
-        record = refused.value.record
-        assert record is not None and record.outcome == "rolled_back", record
-        # Nothing changed for the model's users: the base version serves, alone.
-        described = client.describe_versions(MODEL)
-        assert [d.version for d in described] == ["1.0"], described
-        r = requests.post(f"{server.inference_url}/predictions/{MODEL}", data=b"still served",
-                          headers=server.inference_headers(), timeout=60)
-        assert r.status_code == 200, r.text
-    finally:
-        server.stop()
+    server, store = strict
+    monkeypatch.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))  # the Swapper reads the status files
+    client = server.management_client()
+    assert [d.version for d in client.describe_versions(MODEL)] == ["1.0"]  # the base version, alone
+    swapper = Swapper(client, store, cores=list(usable_cores(2)))
+    with pytest.raises(ModeRefusedError) as refused:
+        swapper.apply(MODEL, PLAN)
+    message = str(refused.value)
+    assert "refused mode int8-eager: AccuracyGuardError: accuracy guard REFUSED int8-eager" in message, message
+    assert "(<= 0.0: FAIL)" in message and "keep dying" not in message
+    record = refused.value.record
+    assert record is not None and record.outcome == "rolled_back", record
+    # Nothing changed for the model's users: the base version serves, alone.
+    described = client.describe_versions(MODEL)
+    assert [d.version for d in described] == ["1.0"], described
+    r = requests.post(f"{server.inference_url}/predictions/{MODEL}", data=b"still served",
+                      headers=server.inference_headers(), timeout=60)
+    assert r.status_code == 200, r.text
 
 
 def test_load_errors_come_from_the_workers_status_files(tmp_path: Path, monkeypatch) -> None:
@@ -85,40 +97,33 @@ def test_load_errors_come_from_the_workers_status_files(tmp_path: Path, monkeypa
 
 @pytest.mark.torchserve
 @pytest.mark.slow
-def test_a_last_plan_refused_after_a_restart_is_not_applied_again_and_again(tmp_path: Path) -> None:
+def test_a_last_plan_refused_after_a_restart_is_not_applied_again_and_again(strict, tmp_path: Path) -> None:
     """The restart watch applies the last plan again when TorchServe lost its version; if
     the workers now refuse its mode (the state dir moved to another CPU, say), each try
     loaded the model and was refused, every 30 s for as long as the controller ran."""
-    from packrat.archive import ArchiveOptions, build_named
     from packrat.control import Controller, ControllerSettings
 
-    store = tmp_path / "store"
-    build_named("tiny-bert", store, MODEL, ArchiveOptions(extra={"guard": STRICT}))
-    server = start_server(store, tmp_path / "ts")
-    try:
-        server.management_client().register(MODEL, MODEL, 1)
-        state = tmp_path / "state"
-        state.mkdir()
-        plan = Plan(cores=2, batch=1, instances=(Instance(1, 1, 0.0),), predicted_latency_ms=0.0, mode="int8-eager")
-        (state / "last-plans.json").write_text(json.dumps(
-            {MODEL: {"version": "p7", "url": f"{MODEL}.p7", "plan": plan.to_dict()}}))
-        settings = ControllerSettings(management_url=server.management_url, key_file=server.key_file,
-                                      model_store=store, state_dir=state, cores=usable_cores(2),
-                                      reapply_backoff_s=0.0)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))
-            c = Controller(settings)
-            c.acquire()
-            try:
-                assert c.watch([MODEL]) == [MODEL]  # p7 is not loaded: applied again
-                wait_until(lambda: c.swaps.running is None, 120, "the re-apply to end")
-                assert MODEL not in c.files.last_plans()  # refused: forgotten
-                assert c.watch([MODEL]) == []  # no backoff here, and still not tried again
-                history = [json.loads(line) for line in (state / "swaps.jsonl").read_text().splitlines()]
-                assert [h["outcome"] for h in history] == ["rolled_back"]
-                assert "ModeRefusedError" in history[0]["error"], history[0]
-            finally:
-                c.release()
-        assert [d.version for d in server.management_client().describe_versions(MODEL)] == ["1.0"]
-    finally:
-        server.stop()
+    server, store = strict
+    assert [d.version for d in server.management_client().describe_versions(MODEL)] == ["1.0"]
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "last-plans.json").write_text(json.dumps(
+        {MODEL: {"version": "p7", "url": f"{MODEL}.p7", "plan": PLAN.to_dict()}}))
+    settings = ControllerSettings(management_url=server.management_url, key_file=server.key_file,
+                                  model_store=store, state_dir=state, cores=usable_cores(2),
+                                  reapply_backoff_s=0.0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))
+        c = Controller(settings)
+        c.acquire()
+        try:
+            assert c.watch([MODEL]) == [MODEL]  # p7 is not loaded: applied again
+            wait_until(lambda: c.swaps.running is None, 120, "the re-apply to end")
+            assert MODEL not in c.files.last_plans()  # refused: forgotten
+            assert c.watch([MODEL]) == []  # no backoff here, and still not tried again
+            history = [json.loads(line) for line in (state / "swaps.jsonl").read_text().splitlines()]
+            assert [h["outcome"] for h in history] == ["rolled_back"]
+            assert "ModeRefusedError" in history[0]["error"], history[0]
+        finally:
+            c.release()
+    assert [d.version for d in server.management_client().describe_versions(MODEL)] == ["1.0"]
