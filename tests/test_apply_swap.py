@@ -46,6 +46,10 @@ BERT = "swap-bert"
 # 1 x (2 threads) and 2 x (1 thread), as the issue asks; batch caps differ per version.
 FAT = Plan(cores=2, batch=4, instances=(Instance(2, 4, 0.0),), predicted_latency_ms=0.0)
 THIN = Plan(cores=2, batch=4, instances=(Instance(1, 2, 0.0), Instance(1, 2, 0.0)), predicted_latency_ms=0.0)
+# For a swap while no request is sent: the drain grace after set-default (min_drain_s, 2 s)
+# is for requests routed to the old default just before it, so it is not waited out there.
+# Every swap under load keeps it.
+UNLOADED = SwapSettings(min_drain_s=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -243,8 +247,9 @@ def echo_load(server, clients: int = 8) -> ContinuousLoad:
 
 def test_killed_worker_reclaims_its_slot(served) -> None:
     server, client, store = served
-    # Its own starting state, whatever ran before: two 1-thread workers.
-    assert Swapper(client, store, cores=list(usable_cores(2))).apply(ECHO, THIN).outcome == "applied"
+    # Its own starting state, whatever ran before: two 1-thread workers (no load yet).
+    setup = Swapper(client, store, cores=list(usable_cores(2)), settings=UNLOADED)
+    assert setup.apply(ECHO, THIN).outcome == "applied"
     before = {c.slot: c for c in assert_as_planned(server, client, store, ECHO)}
     victim = before[1]
     load = echo_load(server)
@@ -310,7 +315,7 @@ def test_heterogeneous_threads_in_one_version(served) -> None:
     server, client, store = served
     plan = Plan(cores=3, batch=4, instances=(Instance(2, 2, 0.0), Instance(1, 2, 0.0)), predicted_latency_ms=0.0)
     first, second = usable_cores(2)
-    swapper = Swapper(client, store, cores=[first, second, second])
+    swapper = Swapper(client, store, cores=[first, second, second], settings=UNLOADED)  # no load here
     rec = swapper.apply(ECHO, plan)
     assert rec.outcome == "applied"
     checks = assert_as_planned(server, client, store, ECHO)
