@@ -378,12 +378,13 @@ def test_apply_in_a_mode_pins_the_model_until_unpinned(stack) -> None:
 
 # -- in this process: what the controller asks TorchServe, the swap thread's waiting ---------------
 @contextlib.contextmanager
-def in_this_process(ctl: Ctl, server, monkeypatch: pytest.MonkeyPatch) -> Iterator[Controller]:
+def in_this_process(ctl: Ctl, server, monkeypatch: pytest.MonkeyPatch, **kw) -> Iterator[Controller]:
     """A Controller in this process on the module's state dir (test_reliability_faults.in_process:
-    the subprocess one stops meanwhile), reading the workers' status files of this server."""
+    the subprocess one stops meanwhile), reading the workers' status files of this server;
+    `kw`: more ControllerSettings."""
     monkeypatch.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))
     settings = ControllerSettings(management_url=server.management_url, key_file=server.key_file,
-                                  model_store=ctl.store, state_dir=ctl.state, cores=usable_cores(2))
+                                  model_store=ctl.store, state_dir=ctl.state, cores=usable_cores(2), **kw)
     with in_process(ctl, settings) as c:
         yield c
 
@@ -396,7 +397,7 @@ def test_an_apply_for_a_batch_reads_the_model_once(stack, monkeypatch: pytest.Mo
 
     from packrat.api import create_app
     from packrat.apply.client import ManagementClient
-    from packrat.apply.swap import Swapper
+    from packrat.apply.swap import Swapper, SwapSettings
 
     server, ctl, _ = stack
     _write_profile(ctl)
@@ -407,7 +408,9 @@ def test_an_apply_for_a_batch_reads_the_model_once(stack, monkeypatch: pytest.Mo
         calls.append((method, path))
         return real(self, method, path, params, timeout)
 
-    with in_this_process(ctl, server, monkeypatch) as c:
+    # No request is sent meanwhile: the swap skips the drain grace after set-default
+    # (min_drain_s, 2 s, for requests routed to the old default just before it).
+    with in_this_process(ctl, server, monkeypatch, swap=SwapSettings(min_drain_s=0.0)) as c:
         client = TestClient(create_app(c))
         started: list[int] = []
         apply = Swapper.apply
