@@ -120,6 +120,13 @@ def test_two_models_get_disjoint_cores_and_a_load_shift_moves_them(tmp_path: Pat
         for name, samples in (("alpha", alpha_samples), ("beta", beta_samples)):
             failed = [s for s in samples if not s.ok]
             assert samples and not failed, f"{name}: {len(failed)} of {len(samples)} failed: {failed[:3]}"
+        # The swap that gave alpha both cores is recorded once its old version drained: wait
+        # for it, so the check below covers every swap (stopping mid-drain records "failed").
+        def alpha_on_both_recorded() -> bool:
+            lines = (tmp_path / "state" / "swaps.jsonl").read_text().splitlines()
+            last = [r for r in map(json.loads, lines) if r["model"] == "alpha"][-1:]
+            return bool(last) and len(last[0]["plan"]["instances"]) == 2 and controller.swaps.running is None
+        wait_for(alpha_on_both_recorded, 120, "alpha's last swap (onto both cores) recorded")
         swaps = [json.loads(x) for x in (tmp_path / "state" / "swaps.jsonl").read_text().splitlines()]
         assert all(s["outcome"] == "applied" for s in swaps), swaps
     finally:
