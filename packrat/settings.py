@@ -125,6 +125,9 @@ _TABLE: tuple[Setting, ...] = (
     Setting("tune_again_quiet_s", float, 30.0, "a tune that timed contended points (other work had "
             "the cores) measures those modes again, once, after the controller's cores were 60 % idle "
             "this many seconds (0: never)", env="PACKRAT_TUNE_AGAIN_QUIET_S"),
+    Setting("tune_check_s", float, 10.0, "seconds between the background checks of every model: the "
+            "auto-tuner's (which models need a tune) and, with --no-tune, the re-profiler's (did the "
+            "traffic's input shape move)", env="PACKRAT_TUNE_CHECK_S"),
     Setting("profile_max_batch", int, 32, "largest batch `packrat profile` times (1, 2, 4, ... up to it)",
             options=("--max-batch",)),
     Setting("profile_point_budget_s", float, 10.0, "seconds per (threads, batch) point of `packrat profile`",

@@ -175,3 +175,22 @@ def test_the_defaults_kept_elsewhere_agree_with_the_table() -> None:
         value("profile_max_batch"), value("profile_point_budget_s"))
     # library and runner take theirs from the table; the controller's is a literal of its own.
     assert library.DEFAULT_STATE_DIR == control_values.DEFAULT_STATE_DIR == settings.get("state_dir").default
+
+
+def test_the_background_check_interval_defaults_agree_and_a_bad_one_is_a_usage_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspect
+
+    import typer
+
+    from packrat.commands.control import LoopOptions, _check_s
+    from packrat.control.tuning import AutoTuner, Reprofiler
+
+    defaults = {inspect.signature(cls.__init__).parameters["interval_s"].default for cls in (AutoTuner, Reprofiler)}
+    assert defaults == {LoopOptions().tune_check_s} == {value("tune_check_s")}
+    monkeypatch.setenv("PACKRAT_TUNE_CHECK_S", "2.5")
+    assert _check_s() == 2.5
+    for bad in ("0", "-1", "soon"):
+        monkeypatch.setenv("PACKRAT_TUNE_CHECK_S", bad)
+        with pytest.raises(typer.BadParameter, match="PACKRAT_TUNE_CHECK_S"):
+            _check_s()

@@ -41,6 +41,7 @@ class LoopOptions:
     tune_max_batch: int | None = None
     tune_point_budget_s: float | None = None
     tune_again_quiet_s: float = 0.0  # a busy tune measured again after this long quiet (0: never)
+    tune_check_s: float = 10.0  # between the auto-tuner's (or the re-profiler's) checks of every model
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def _run_options(flags: dict[str, Any]) -> RunOptions:
                        tune_modes=flags["tune_modes"] or None,  # no --tune-mode: the tune's own list
                        tune_budget_s=flags["tune_budget"], tune_batch=flags["tune_batch"],
                        tune_max_batch=flags["tune_max_batch"], tune_point_budget_s=flags["tune_point_budget"],
-                       tune_again_quiet_s=_setting("tune_again_quiet_s"))
+                       tune_again_quiet_s=_setting("tune_again_quiet_s"), tune_check_s=_check_s())
     return RunOptions(model_store=flags["model_store"],
                       state_dir=settings.value("state_dir", cli=flags["state_dir"]),
                       cores=_parse_cores(flags["cores"]), host=flags["host"], port=flags["port"], loop=loop)
@@ -113,6 +114,13 @@ def _setting(name: str) -> Any:
         return settings.value(name)
     except settings.SettingError as exc:
         raise typer.BadParameter(str(exc)) from exc
+
+
+def _check_s() -> float:
+    value = _setting("tune_check_s")
+    if value <= 0:
+        raise typer.BadParameter(f"PACKRAT_TUNE_CHECK_S must be > 0 seconds, got {value:g}")
+    return value
 
 
 def _parse_cores(text: str | None) -> tuple[int, ...] | None:
@@ -172,7 +180,7 @@ def run_controller(*, management_url: str, metrics_url: str | None, key_file: Pa
         else:  # the plan still follows the traffic's input shape: re-profile on a shift
             from packrat.control.tuning import Reprofiler
 
-            threading.Thread(target=Reprofiler(controller).run, args=(stop,), name="controller-reprofile",
+            threading.Thread(target=Reprofiler(controller, interval_s=run.loop.tune_check_s).run, args=(stop,), name="controller-reprofile",
                              daemon=True).start()
         _serve_api(controller, api_socket, stop)
     finally:
@@ -207,7 +215,7 @@ def _start_tuner(controller: Controller, loop: LoopOptions, stop: threading.Even
 
     tuner = AutoTuner(controller, modes=loop.tune_modes, budget_s=loop.tune_budget_s, batch=loop.tune_batch,
                       max_batch=loop.tune_max_batch, point_budget_s=loop.tune_point_budget_s,
-                      again_quiet_s=loop.tune_again_quiet_s)
+                      again_quiet_s=loop.tune_again_quiet_s, interval_s=loop.tune_check_s)
     threading.Thread(target=tuner.run, args=(stop,), name="controller-autotune", daemon=True).start()
     typer.echo("tuning every Packrat model in the background (--no-tune to switch off); "
                "progress: packrat status", err=True)
