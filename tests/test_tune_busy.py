@@ -131,6 +131,7 @@ def busy_stack(tiny_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     (store / MODEL / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
     server = start_server(store, tmp_path / "ts")
     monkeypatch.setenv("PACKRAT_TUNE_AGAIN_QUIET_S", str(QUIET_S))  # the controller below inherits it
+    monkeypatch.setenv("PACKRAT_TUNE_CHECK_S", "2")  # the quiet time is seen within 2 s of passing, not 10
     # The archive's own mode only, batches 1 and 2 at 1 s a point: a tune of seconds.
     ctl = ControllerProcess(server, store, tmp_path / "state", [
         "--no-adapt", "--tune-mode", "fp32-eager", "--tune-budget", "120", "--tune-batch", "2",
