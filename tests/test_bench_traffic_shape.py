@@ -60,8 +60,10 @@ def test_a_short_live_run_records_every_field(tiny_store: Path, tmp_path: Path) 
         extra={"settings": {"sizes": [["tokens", 128]], "max_batch": 4, "cores": 1, "budget_s": 10.0}})
     save_profile(start, tmp_path / "start.json")
     out = tmp_path / "traffic-shape-tiny.jsonl"
+    # Each phase: at most 2 s waiting to settle (the estimator is not ready that soon: marked
+    # unsettled) and a 2 s window (2 ticks polled); only the records' fields are checked.
     rows = run(Options(model_dir=tiny_store / "tiny-bert", out_jsonl=out, start_profile=tmp_path / "start.json",
-                       rounds=1, window_s=4.0, settle_timeout_s=3.0, hold_s=1.0, round_trip_s=1.0,
+                       rounds=1, window_s=2.0, settle_timeout_s=2.0, hold_s=1.0, round_trip_s=0.5,
                        command="test"))
     assert [(r["round"], r["phase"]) for r in rows] == [(1, "A"), (1, "B")]
     for r in rows:
