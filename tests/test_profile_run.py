@@ -91,23 +91,17 @@ def test_real_tiny_archive_profile_t2_b4(tmp_path):
     assert not list(Path(archive_path).rglob("__pycache__"))
 
 
-def test_PACKRAT_FORKSERVER_0_profiles_in_new_interpreters(tmp_path):
-    archive = make_tiny_archive(tmp_path / "tiny")
-    out = tmp_path / "p.json"
-    res = packrat("profile", str(archive), "--cores", "1", "--max-batch", "1", "--point-budget", "0.3",
-                  "-q", "-o", str(out), env={**os.environ, "PACKRAT_FORKSERVER": "0"})
-    assert res.returncode == 0, res.stderr
-    data = json.loads(out.read_text())
-    assert [w["forked"] for w in data["workers"]] == [False]
-    assert [(p["threads"], p["batch"]) for p in data["points"]] == [(1, 1)]
-
-
-def test_model_scope_is_recorded(tmp_path):
+# One profiling run for two checks that need a run each but not a different one (each run
+# costs a CLI start, imports and a worker): the forked path is test_real_tiny_archive's.
+def test_PACKRAT_FORKSERVER_0_profiles_in_new_interpreters_and_model_scope_is_recorded(tmp_path):
     archive = make_tiny_archive(tmp_path / "tiny")
     out = tmp_path / "p.json"
     res = packrat("profile", str(archive), "--cores", "1", "--max-batch", "2", "--scope", "model",
-                  "--point-budget", "0.3", "-q", "-o", str(out))
+                  "--point-budget", "0.3", "-q", "-o", str(out), env={**os.environ, "PACKRAT_FORKSERVER": "0"})
     assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    assert [w["forked"] for w in data["workers"]] == [False]
+    assert sorted((p["threads"], p["batch"]) for p in data["points"]) == [(1, 1), (1, 2)]
     profile = load_profile(out)
     assert profile.scope == "model"
     assert sorted((p.threads, p.batch) for p in profile.points) == [(1, 1), (1, 2)]
