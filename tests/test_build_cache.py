@@ -2,9 +2,9 @@
 archive or mode never loads a stale build, built once by concurrent workers, and
 used by the next version's workers through a real TorchServe.
 
-In process on the tiny BERT archive for the cache logic; one TorchServe (token
-auth on) for the check that a second version's workers load from the cache,
-which they report in their status files and the swap record carries.
+In process on the tiny BERT archive for the cache logic. The check that a second
+version's workers load from the cache (through a TorchServe, token auth on, as
+their status files and the swap record say) shares test_build_cache_trust.py's server.
 """
 
 from __future__ import annotations
@@ -325,32 +325,6 @@ def test_a_refused_mode_stays_refused_and_a_changed_archive_is_guarded_again(
 
 # -- through TorchServe -----------------------------------------------------------------------
 
-
-@pytest.mark.torchserve
-@pytest.mark.slow
-def test_the_next_versions_workers_load_from_the_cache(tiny_store: Path, tmp_path_factory) -> None:
-    from packrat.types import Instance, Plan
-    from serving_support import predict, swapper_on_a_copy
-
-    one = Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0),), predicted_latency_ms=0.0,
-               mode="fp32-onnxruntime")
-    two = Plan(cores=2, batch=2, instances=(Instance(1, 2, 0.0), Instance(1, 2, 0.0)),
-               predicted_latency_ms=0.0, mode="fp32-onnxruntime")
-    with swapper_on_a_copy(tiny_store, tmp_path_factory, "tiny-bert", "cache-bert") as (server, _, swapper):
-        first = swapper.apply("cache-bert", one)
-        answer = predict(server, "cache-bert", b"the film was a delight").json()
-        second = swapper.apply("cache-bert", two)
-        assert predict(server, "cache-bert", b"the film was a delight").json() == answer
-    print("first", first.to_dict()["ready_phases_s"], first.workers)
-    print("second", second.to_dict()["ready_phases_s"], second.workers)
-    # The first onnxruntime worker exported and guarded; the next version's two workers loaded both.
-    assert [w["cache"] for w in first.workers] == [{"onnx": "built", "guard": "built"}]
-    assert [w["cache"] for w in second.workers] == [{"onnx": "hit", "guard": "hit"}] * 2
-    # the guard ran for the build (tens of ms on 8 samples), not for the hits
-    assert first.workers[0]["phases_s"]["guard"] > 0.0
-    assert all(w["phases_s"]["guard"] == 0.0 for w in second.workers)
-    for rec in (first, second):
-        assert [k for k, _ in rec.ready_phases_s] == [
-            "worker_start", "model_load", "mode_build", "guard", "warmup", "ready_check"]
-        names = [k for k, _ in rec.phases_s]
-        assert names == ["create", "register", "ready", "set_default", "drain", "retire", "unregister"]
+# That the next version's workers load from the cache is checked in test_build_cache_trust.py
+# (test_the_next_versions_workers_load_from_the_cache_and_a_damaged_file_is_rebuilt_and_guarded),
+# on the one TorchServe that also swaps to a damaged entry.

@@ -5,7 +5,8 @@ hashes but fails to load, a pointer out of the entry) is removed and built once
 more, and the accuracy guard judges the new build; the cache is cut to its cap
 (PACKRAT_BUILD_CACHE_MAX_MB) least recently used first, never an entry a live
 process holds; temporary directories of dead builders are swept. In process on
-the tiny BERT archive, each load a "new worker" (test_build_cache.py's helpers).
+the tiny BERT archive, each load a "new worker" (test_build_cache.py's helpers);
+through TorchServe, the swaps that load from the cache and meet a damaged entry.
 """
 
 from __future__ import annotations
@@ -218,9 +219,14 @@ def test_an_entry_is_durable_and_complete_before_it_is_visible(tmp_path: Path) -
 
 @pytest.mark.torchserve
 @pytest.mark.slow
-def test_a_swap_to_a_mode_whose_cached_file_was_damaged_succeeds_and_is_guarded(
+def test_the_next_versions_workers_load_from_the_cache_and_a_damaged_file_is_rebuilt_and_guarded(
         tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Before: every worker of the mode loaded the damaged file and failed; the swap rolled back."""
+    """Through a real TorchServe (token auth on), swaps of one model: the next version's workers
+    load from the cache (their status files and the swap record say so); then a version whose
+    cached file was damaged still goes live. One server for both (each its own cost ~10 s):
+    was test_build_cache.py's test_the_next_versions_workers_load_from_the_cache and
+    test_a_swap_to_a_mode_whose_cached_file_was_damaged_succeeds_and_is_guarded.
+    Before: every worker of the mode loaded the damaged file and failed; the swap rolled back."""
     from packrat.types import Instance, Plan
     from serving_support import predict, swapper_on_a_copy
 
@@ -231,15 +237,27 @@ def test_a_swap_to_a_mode_whose_cached_file_was_damaged_succeeds_and_is_guarded(
     with swapper_on_a_copy(tiny_store, tmp_path_factory, "tiny-bert", "trust-bert") as (server, store, swapper):
         first = swapper.apply("trust-bert", plan(1))
         answer = predict(server, "trust-bert", b"the film was a delight").json()
+        second = swapper.apply("trust-bert", plan(2))
+        assert predict(server, "trust-bert", b"the film was a delight").json() == answer
         entry = _entry(store, "onnx")
         _flip(_artefact(entry, "fp32-onnxruntime"))
-        second = swapper.apply("trust-bert", plan(2))  # raises if it rolled back
+        third = swapper.apply("trust-bert", plan(2))  # raises if it rolled back
         assert predict(server, "trust-bert", b"the film was a delight").json() == answer
-    print("first", first.workers)
-    print("second", second.workers)
+    for name, rec in (("first", first), ("second", second), ("third", third)):
+        print(name, rec.to_dict()["ready_phases_s"], rec.workers)
+    # The first onnxruntime worker exported and guarded; the next version's two workers loaded both.
     assert [w["cache"] for w in first.workers] == [{"onnx": "built", "guard": "built"}]
+    assert [w["cache"] for w in second.workers] == [{"onnx": "hit", "guard": "hit"}] * 2
+    # the guard ran for the build (tens of ms on 8 samples), not for the hits
+    assert first.workers[0]["phases_s"]["guard"] > 0.0
+    assert all(w["phases_s"]["guard"] == 0.0 for w in second.workers)
+    for rec in (first, second):
+        assert [k for k, _ in rec.ready_phases_s] == [
+            "worker_start", "model_load", "mode_build", "guard", "warmup", "ready_check"]
+        names = [k for k, _ in rec.phases_s]
+        assert names == ["create", "register", "ready", "set_default", "drain", "retire", "unregister"]
     # The damage was found, the file rebuilt once (the other worker waited and loaded it) and
     # judged again by the guard, by every worker: the verdict named the damaged build.
-    assert sorted(w["cache"]["onnx"] for w in second.workers) == ["built", "hit"], second.workers
-    assert all(w["cache"]["guard"] == "built" and w["phases_s"]["guard"] > 0 for w in second.workers)
+    assert sorted(w["cache"]["onnx"] for w in third.workers) == ["built", "hit"], third.workers
+    assert all(w["cache"]["guard"] == "built" and w["phases_s"]["guard"] > 0 for w in third.workers)
     assert cache_entries.verify(_entry(store, "onnx"), build_cache._sealing_digest) is None
