@@ -49,7 +49,9 @@ EMBEDDER = "minilm"  # the real all-MiniLM-L6-v2, served as a feature-extraction
 DEGRADED = "test-perturbed"  # a test-only runtime: fp32 eager on a perturbed copy of the weights
 # Relative noise (x each weight tensor's std) tried, mildest first; measured on the 2-core
 # EPYC: 0.25 -> 98 %, 0.3 -> 92.5 %, 0.32 -> 89.5 %, 0.4 -> 66 % top-1 agreement on the held-out set.
-SIGMAS = (0.3, 0.32, 0.35, 0.4)
+# From 0.32 (each level tried is a model load and 200 answers): where it keeps more than 90 %,
+# the next level is tried, and the level nearest 90 % is still the one judged.
+SIGMAS = (0.32, 0.35, 0.4)
 TARGET, TOLERANCE = 0.90, 0.05  # "top-1 agreement ~90 %"
 MILD_SIGMA = 0.02  # the same perturbation, harmless: every answer kept
 # Anything passes: only to read what the degraded mode answers (the verdict is keyed
@@ -188,8 +190,10 @@ def test_defaults_refuse_weights_degraded_to_90_percent_top1(store: Path, refere
 
 
 def test_defaults_accept_the_same_perturbation_when_it_is_harmless(store: Path, reference: torch.Tensor) -> None:
-    assert _agreement(store, reference, MILD_SIGMA) == 1.0
+    # One load at the default thresholds (it passes, so no permissive load is needed to read
+    # its answers): the same seeded perturbation _agreement() would load.
     task = _load(store, runtime=DEGRADED, test_noise_sigma=MILD_SIGMA)
+    assert float((_answers(task) == reference).float().mean()) == 1.0
     g = task.runner.guard
     assert g["ok"] and g["thresholds"] == guard.DEFAULTS, g["message"]
     assert g["metrics"]["decisive_rows"] >= 6, g["message"]  # the top-1 check had rows to judge
