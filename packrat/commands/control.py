@@ -180,8 +180,8 @@ def run_controller(*, management_url: str, metrics_url: str | None, key_file: Pa
         else:  # the plan still follows the traffic's input shape: re-profile on a shift
             from packrat.control.tuning import Reprofiler
 
-            threading.Thread(target=Reprofiler(controller, interval_s=run.loop.tune_check_s).run, args=(stop,), name="controller-reprofile",
-                             daemon=True).start()
+            reprofiler = Reprofiler(controller, interval_s=run.loop.tune_check_s)
+            threading.Thread(target=reprofiler.run, args=(stop,), name="controller-reprofile", daemon=True).start()
         _serve_api(controller, api_socket, stop)
     finally:
         controller.release()

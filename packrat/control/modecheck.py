@@ -11,8 +11,9 @@ A mode is refused, with the reason, when
 
 The live mode and the archive's own mode are always allowed: they serve already.
 What the machine runs comes from the last tune's record when it was made for this
-archive and machine with the same libraries installed (its probe's capabilities), else from a fresh probe of the
-archive (packrat.profile.probe: a child interpreter, a few seconds).
+archive and machine with the same libraries installed (its probe's capabilities:
+packrat.tune.run.capabilities_for), else from a fresh probe of the archive
+(packrat.profile.probe: a child interpreter, a few seconds).
 """
 
 from __future__ import annotations
