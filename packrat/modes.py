@@ -17,6 +17,7 @@ they find packrat.slots), before it pins itself and before torch is loaded.
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -181,10 +182,23 @@ def int8_static_problem(flags: Iterable[str]) -> str | None:
     return None
 
 
+def library_versions(names: Iterable[str]) -> dict[str, str | None]:
+    """The installed version of each distribution (None: not installed), from package
+    metadata: nothing is imported. What a runtime's build or a probe's answer depends on
+    (the worker's build cache keys entries by them; a tune reuses a probe while they stay)."""
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 __all__ = [
     "BF16_FLAGS", "BF16_PRECISIONS", "DEFAULT_PRECISION", "DEFAULT_RUNTIME", "INT8S_RUNTIMES", "INT8_DOT_PRODUCT_FLAGS",
     "INT8_FLAGS", "PRECISIONS",
     "RUNTIMES", "TEXT_GENERATION", "ExecutionMode", "bf16_problem", "cpu_flags", "every_mode",
-    "int8_static_problem", "int8s_runtime_refusal", "int8s_task_refusal", "pairing_refusal",
+    "int8_static_problem", "int8s_runtime_refusal", "int8s_task_refusal", "library_versions", "pairing_refusal",
     "task_refusal",
 ]

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -68,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from packrat import settings
+from packrat.modes import library_versions
 from packrat_tasks import cache_entries
 
 log = logging.getLogger(__name__)
@@ -234,13 +234,7 @@ def _write_memo(memo: Path | None, real: str, stamp: list[int], sha: bytes) -> N
 
 @functools.cache  # per process: a worker's libraries and CPU do not change under it
 def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in LIBRARIES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return library_versions(LIBRARIES)
 
 
 @functools.cache

@@ -23,7 +23,6 @@ while the archive, the machine and these libraries' versions are the same
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from packrat.errors import ProfileError
-from packrat.modes import ExecutionMode
+from packrat.modes import ExecutionMode, library_versions as installed_versions
 
 # Modules each runtime needs beyond torch (the ONNX runtimes export with `onnx`).
 RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
@@ -52,15 +51,8 @@ PROBED_LIBRARIES = ("torch", "onnx", "onnxruntime", "openvino", "nncf", "intel_e
 
 
 def library_versions() -> dict[str, str | None]:
-    """The installed version of each of PROBED_LIBRARIES (None: not installed), from package
-    metadata: nothing is imported."""
-    out: dict[str, str | None] = {}
-    for name in PROBED_LIBRARIES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    """The installed version of each of PROBED_LIBRARIES (None: not installed); nothing imported."""
+    return installed_versions(PROBED_LIBRARIES)
 
 
 @dataclass(frozen=True)
