@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from packrat.profile.probe import PROBED_LIBRARIES, Capabilities, library_versions, probe_archive
+from packrat.modes import library_versions
+from packrat.profile.probe import PROBED_LIBRARIES, Capabilities, probe_archive
 from packrat.tune import run as tune_run
 from packrat.types import TuneRecord
 
@@ -19,7 +20,7 @@ KEY = {"base": "m", "model_id": "abc", "machine": {"cpu_model": "cpu", "usable_c
 def _caps(**libraries: str | None) -> dict:
     return Capabilities(task="text-classification", mode="fp32-eager", runtimes=("eager", "openvino"),
                         bf16="no bf16 here", unavailable={"ipex": "not installed"}, int8=None,
-                        libraries={**library_versions(), **libraries}).to_dict()
+                        libraries={**library_versions(PROBED_LIBRARIES), **libraries}).to_dict()
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def probes(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     def probe(archive_dir, timeout_s: float = 180.0) -> Capabilities:
         seen.append(Path(archive_dir))
         return Capabilities(task="fresh", mode="fp32-eager", runtimes=("eager",), bf16=None,
-                            libraries=library_versions())
+                            libraries=library_versions(PROBED_LIBRARIES))
 
     monkeypatch.setattr(tune_run, "probe_archive", probe)
     return seen
@@ -73,7 +74,7 @@ def test_anything_else_probes_again(probes, tmp_path, why: str) -> None:
 def test_the_real_probe_reports_the_libraries_the_controller_compares(tiny_store: Path) -> None:
     caps = probe_archive(tiny_store / "noop")  # a child interpreter, as a tune runs it
     assert set(caps.libraries) == set(PROBED_LIBRARIES)
-    assert caps.libraries == library_versions() and caps.libraries["torch"]  # so a later tune reuses it
+    assert caps.libraries == library_versions(PROBED_LIBRARIES) and caps.libraries["torch"]  # so a later tune reuses it
     record = TuneRecord(model="noop", state="done", key=KEY, capabilities=caps.to_dict())
     again, reused = tune_run.capabilities_for(record, dict(KEY), tiny_store / "noop")
     assert reused and again == caps

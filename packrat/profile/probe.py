@@ -9,7 +9,7 @@
      "int8": null | "why not",                  # int8-static's speed: VNNI/AMX/AVX2 int8 flags
      "unavailable": {"openvino": "ModuleNotFoundError: ...",
                      "int8s-openvino": "nncf is not installed", ...},
-     "libraries": {"openvino": "2026.4.1", "nncf": null, ...}}  # library_versions() then
+     "libraries": {"openvino": "2026.4.1", "nncf": null, ...}}  # library_versions(PROBED_LIBRARIES) then
 
 bf16 is judged by the handler's own check (native avx512_bf16/AMX flags and
 oneDNN's bf16 support), so the tuner offers bf16 exactly where a worker would
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from packrat.errors import ProfileError
-from packrat.modes import ExecutionMode, library_versions as installed_versions
+from packrat.modes import ExecutionMode, library_versions
 
 # Modules each runtime needs beyond torch (the ONNX runtimes export with `onnx`).
 RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
@@ -50,11 +50,6 @@ INT8S_IMPORTS: dict[str, tuple[str, ...]] = {
 PROBED_LIBRARIES = ("torch", "onnx", "onnxruntime", "openvino", "nncf", "intel_extension_for_pytorch")
 
 
-def library_versions() -> dict[str, str | None]:
-    """The installed version of each of PROBED_LIBRARIES (None: not installed); nothing imported."""
-    return installed_versions(PROBED_LIBRARIES)
-
-
 @dataclass(frozen=True)
 class Capabilities:
     task: str | None
@@ -64,7 +59,7 @@ class Capabilities:
     # runtime (or "int8s-<runtime>": its quantisation tool) -> why not
     unavailable: dict[str, str] = field(default_factory=dict)
     int8: str | None = None  # None: the CPU has SIMD int8 multiply-add (VNNI, AMX or AVX2); else why not
-    libraries: dict[str, str | None] = field(default_factory=dict)  # library_versions() when probed
+    libraries: dict[str, str | None] = field(default_factory=dict)  # library_versions(PROBED_LIBRARIES) when probed
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "mode": self.mode, "runtimes": list(self.runtimes),
@@ -140,7 +135,7 @@ def _probe(archive_dir: str) -> dict[str, Any]:
                 if tool:
                     out["unavailable"][f"int8s-{name}"] = tool
     out["runtimes"] = available
-    out["libraries"] = library_versions()
+    out["libraries"] = library_versions(PROBED_LIBRARIES)
     return out
 
 

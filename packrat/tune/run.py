@@ -51,14 +51,14 @@ from pathlib import Path
 from typing import Any
 
 from packrat.errors import ConfigError, PlanError, ProfileError, is_mode_refusal
-from packrat.modes import PRECISIONS, RUNTIMES, ExecutionMode
+from packrat.modes import PRECISIONS, RUNTIMES, ExecutionMode, library_versions
 from packrat.plan import MODE_MARGIN, ModePlan, fastest, plans_per_mode, realizable_plan, uniform_candidates
 from packrat.plan.confidence import is_fat
 from packrat.profile import ArchiveRef, ProfileSettings, open_archive, run_profile, save_profile
 from packrat.profile.fingerprint import config_in_mode, current_fingerprint
 from packrat.profile.identity import archive_in_mode
 from packrat.profile.library import HASHES, check_mode_profile, profile_file, profiles_dir
-from packrat.profile.probe import Capabilities, library_versions, probe_archive
+from packrat.profile.probe import PROBED_LIBRARIES, Capabilities, probe_archive
 from packrat.profile.shape import shifted, timed_sizes
 from packrat.tune.modes import ALL, candidate_modes, fallback_modes
 from packrat.types import Plan, Profile, TunePlanRow, TuneRecord, ms_text
@@ -297,7 +297,7 @@ def capabilities_for(record: TuneRecord | None, key: dict[str, Any] | None, base
     and the probed libraries are installed at the same versions, else a fresh probe (a
     child interpreter importing torch and the runtimes: seconds)."""
     caps = record.capabilities if record is not None and key is not None and record.key == key else None
-    if caps and "mode" in caps and caps.get("libraries") == library_versions():
+    if caps and "mode" in caps and caps.get("libraries") == library_versions(PROBED_LIBRARIES):
         return Capabilities.from_dict(caps), True
     return probe_archive(base_dir), False
 
