@@ -19,6 +19,25 @@ ts_app = typer.Typer(no_args_is_help=True, add_completion=False,
                      help="Start, stop and use a TorchServe instance kept in a work directory.")
 
 WORKDIR = setting_option("ts_workdir")
+_START_ONE = "start one (make run, packrat torchserve start)"
+
+
+def _attached(workdir: Path):  # -> packrat.server.RunningServer (imported late: CLI start-up)
+    """The running server recorded in `workdir`, or a clear error and exit 2: the commands
+    that need one must not end in a traceback when there is none."""
+    from packrat.server import RunningServer
+
+    try:
+        server = RunningServer.attach(workdir)
+    except (OSError, ValueError, KeyError) as exc:
+        why = "" if isinstance(exc, FileNotFoundError) else f" ({workdir / 'server.json'}: {exc})"
+        typer.echo(f"error: no TorchServe recorded in {workdir}{why}: {_START_ONE}", err=True)
+        raise typer.Exit(2) from None
+    if not server.is_running():
+        typer.echo(f"error: the TorchServe recorded in {workdir} (pid {server.pid}) is not running: {_START_ONE}",
+                   err=True)
+        raise typer.Exit(2)
+    return server
 
 
 @ts_app.command("start")
@@ -35,8 +54,11 @@ def start(
     from packrat.server import Ports, RunningServer, read_properties, start_torchserve
 
     if (workdir / "server.json").exists():
-        old = RunningServer.attach(workdir)
-        if old.is_running():
+        try:
+            old = RunningServer.attach(workdir)
+        except (OSError, ValueError, KeyError):
+            old = None  # an unreadable record names no server: start writes a new one
+        if old is not None and old.is_running():
             typer.echo(f"TorchServe already running (pid {old.pid}) at {old.inference_url}")
             return
     ports = None if free_ports else Ports.fixed_from(read_properties(config))
@@ -72,10 +94,12 @@ def register_models(
     """Register archives by name; returns when their workers are READY."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from packrat.server import RunningServer
-
-    server = RunningServer.attach(workdir)
-    loaded = {m["modelName"] for m in server.management_client().list_models()}
+    server = _attached(workdir)
+    try:
+        loaded = {m["modelName"] for m in server.management_client().list_models()}
+    except PackratError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     for name in names:
         if name in loaded:
             typer.echo(f"{name}: already registered")
@@ -108,7 +132,12 @@ def keys(workdir: Path = WORKDIR, kind: Optional[str] = typer.Argument(None)) ->
     if kind not in (None, "inference", "management", "api"):
         raise typer.BadParameter(f"{kind!r} is not one of: inference, management, api", param_hint="KIND")
     key_file = workdir / KEY_FILE_NAME
-    k = read_keys(key_file)
+    try:
+        k = read_keys(key_file)
+    except PackratError as exc:
+        hint = "" if key_file.exists() else f"; TorchServe writes it when it starts: {_START_ONE}"
+        typer.echo(f"error: {exc}{hint}", err=True)
+        raise typer.Exit(2) from None
     stale = [w for w in ("inference", "management") if kind in (None, w) and getattr(k, w).expired()]
     if stale:  # TorchServe 0.12 does not renew them itself (token_expiration_min, 60 by default)
         try:
@@ -133,9 +162,9 @@ def keys(workdir: Path = WORKDIR, kind: Optional[str] = typer.Argument(None)) ->
 def url(which: str = typer.Argument("inference", help="inference | management | metrics"),
         workdir: Path = WORKDIR) -> None:
     """Print one of the server's base URLs."""
-    from packrat.server import RunningServer
-
-    server = RunningServer.attach(workdir)
+    if which not in ("inference", "management", "metrics"):
+        raise typer.BadParameter(f"{which!r} is not one of: inference, management, metrics", param_hint="WHICH")
+    server = _attached(workdir)
     typer.echo({"inference": server.inference_url, "management": server.management_url,
                 "metrics": server.metrics_url}[which])
 
