@@ -1,8 +1,13 @@
-"""`packrat bench` end to end on the no-op model: a real TorchServe, real swaps, saved results."""
+"""`packrat bench` end to end on the no-op model: a real TorchServe, real swaps, saved results.
+
+The first run starts and stops its own TorchServe (asserted); the second attaches to the one
+the bench modules share (bench_support, `packrat bench --attach`) and leaves it empty.
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,6 +15,8 @@ import pytest
 from packrat.bench.report import summarise
 from packrat.bench.results import read_measurements
 from packrat.bench.run import Bench, BenchSettings
+from packrat.server import RunningServer
+from bench_support import archives_left, no_models_left, shared_torchserve  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -52,7 +59,8 @@ def test_bench_measures_every_configuration_and_leaves_nothing_registered(tmp_pa
     assert not list((tmp_path / "model-store").glob("noop.p*"))
 
 
-def test_bench_tuned_configurations_on_a_tiny_model_with_two_modes(tmp_path: Path) -> None:
+def test_bench_tuned_configurations_on_a_tiny_model_with_two_modes(
+        tmp_path: Path, shared_torchserve: RunningServer) -> None:
     """One tune per model (fp32-eager, the archive's own, and fp32-torchscript), then fat-tuned
     (fat's shape in the mode tuned for B) and tuned (the tuned (mode, plan)) measured beside fat."""
     from packrat.bench.report import write_report
@@ -62,7 +70,7 @@ def test_bench_tuned_configurations_on_a_tiny_model_with_two_modes(tmp_path: Pat
         models=("tiny-bert",), batches=(2,), out=tmp_path, requests=20, max_point_s=30.0, settle_s=1.0,
         profile_budget_s=30.0, profile_point_budget_s=1.0, capacity=False, progress=False, command="test",
         configs=("fat", "fat-tuned", "tuned"), tune=True, tune_modes=("fp32-torchscript",),
-        tune_budget_s=120.0, tune_point_budget_s=1.0,
+        tune_budget_s=120.0, tune_point_budget_s=1.0, attach=shared_torchserve.workdir,
     )
     assert settings.tuning
     results = Bench(settings).run()
@@ -102,4 +110,10 @@ def test_bench_tuned_configurations_on_a_tiny_model_with_two_modes(tmp_path: Pat
     assert row.total_gain == pytest.approx(fat.p50 / tuned.p50)
     md = write_report(results, chart=False)["summary_md"].read_text()
     assert "## Mode gain x shape gain (tuned)" in md and "- tiny-bert: done in" in md
-    assert not list((tmp_path / "model-store").glob("tiny-bert.p*"))
+    # attached: the archive went into the server's store; no version directory is left, nothing
+    # stays registered, and the server still runs
+    store = shared_torchserve.model_store
+    assert not list(store.glob("tiny-bert.p*"))
+    assert no_models_left(shared_torchserve) == [] and shared_torchserve.is_running()
+    shutil.rmtree(store / "tiny-bert")  # the base archive the bench built there
+    assert archives_left(shared_torchserve) == []

@@ -8,7 +8,8 @@ rendered into markdown and a plot. No speed is asserted: the machine is shared.
 The alternate scenario's per-model figures (swaps in a sliding window, seconds below the
 share while loaded) are pinned the same way on a hand-made trace, then read from a live run:
 the same one (module fixture), since the two-model levels are the alternate scenario's over
-three phases; one TorchServe and controller start for both.
+three phases; one controller start for both, on the TorchServe the bench modules share
+(bench_support): the run attaches to it and leaves it as it found it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from packrat.bench.step_reaction import (
     SCENARIOS, WINDOWS_S, alternate_rows, analyse, live_at, max_in_window, run, scenario_levels, sleep_models,
 )
 from packrat.bench.step_report import plot, render_alternate_md, render_md, trace_and_render
+from packrat.server import RunningServer
+from bench_support import archives_left, no_models_left, shared_torchserve  # noqa: F401 (a fixture)
 
 
 def _req(start: float, end: float, status: int = 200) -> list:
@@ -112,9 +115,13 @@ LIVE_PHASE_S = 10.5
 
 
 @pytest.fixture(scope="module")
-def live_trace() -> dict:
+def live_trace(shared_torchserve: RunningServer) -> dict:
     """One live run of the two-model levels (module doc); each test reads its own copy."""
-    return run(sleep_models(2), SCENARIOS["two"], LIVE_PHASE_S, command="pytest")
+    trace = run(sleep_models(2), SCENARIOS["two"], LIVE_PHASE_S, command="pytest", server=shared_torchserve)
+    # attached: both models and their versions gone again, the server still serving
+    assert no_models_left(shared_torchserve) == [] and shared_torchserve.is_running()
+    assert archives_left(shared_torchserve) == []
+    return trace
 
 
 @pytest.mark.torchserve

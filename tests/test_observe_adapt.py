@@ -23,7 +23,9 @@ from packrat.observe.policy import PolicySettings
 from packrat.bench.adapt_rig import Rig, sleep_table, table_profile
 from packrat.bench.loadgen import Step, StepLoad
 from packrat.plan import realizable_plan, same_shape
+from packrat.server import RunningServer
 from packrat.types import Plan
+from bench_support import archives_left, no_models_left, shared_torchserve  # noqa: F401 (a fixture)
 from waiting import wait_until
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
@@ -69,14 +71,16 @@ def _switch_off_and_on(rig: Rig, api: str, mgmt: dict) -> None:
     assert requests.get(f"{api}/v1/models/{MODEL}/adapt", headers=mgmt, timeout=10).json()["enabled"] is True
 
 
-def test_steps_converge_with_one_swap_each(tmp_path: Path) -> None:
+def test_steps_converge_with_one_swap_each(tmp_path: Path, shared_torchserve: RunningServer) -> None:
     profile = table_profile("sleepy", sleep_table(SLEEP_MODEL))
     expected = {b: realizable_plan(profile, 2, b) for b in LEVELS}
     # the table makes the three plans differ, so each step needs a swap
     assert not same_shape(expected[1], expected[2]) and not same_shape(expected[2], expected[8])
 
+    # attached to the TorchServe the bench modules share (bench_support): nothing here is
+    # about the server's own start
     rig = Rig(store=tmp_path / "store", workdir=tmp_path, model=MODEL, base_dir=SLEEP_MODEL,
-              profile=profile, settings=SETTINGS, rest=True)
+              profile=profile, settings=SETTINGS, rest=True, server=shared_torchserve)
     changes: list[tuple[float, int]] = []  # (time, clients), the last is the stop (0)
     with rig:
         rig.apply(expected[LEVELS[0]])  # start on the plan for one client
@@ -106,6 +110,9 @@ def test_steps_converge_with_one_swap_each(tmp_path: Path) -> None:
                    "a tick after switching adaptation off to log 'disabled'")
         decisions = _decisions(rig)
         metrics = requests.get(f"{api}/metrics", timeout=10).text
+    # the rig removed its model and every version, and left the server serving
+    assert no_models_left(shared_torchserve) == [] and shared_torchserve.is_running()
+    assert archives_left(shared_torchserve) == []
 
     # kept for post-mortems (pytest keeps the last few tmp dirs), and the
     # decision changes printed (shown with -s or on failure)

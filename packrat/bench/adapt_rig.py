@@ -5,6 +5,12 @@ scripts/adapt_trace.py: start a private TorchServe (token auth on), register
 a model, put its profile where the controller looks, run the controller's
 tick loop with an AdaptiveLoop in a thread, and optionally its REST API;
 stop all of it on exit, also after a failure.
+
+Or attach to a TorchServe already running (`server=`, e.g. one a user started, or one
+shared by several runs): the rig copies its models into that server's model store,
+and on exit unregisters every version of them and removes what it copied, leaving
+the server running as it found it. Its controller must read the server's workers'
+slot directory (PACKRAT_SLOT_DIR = server.slot_dir).
 """
 
 from __future__ import annotations
@@ -78,6 +84,8 @@ class Rig:
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _uvicorn: Any = None
+    _attached: bool = False  # the server was given: left running, only our models removed
+    _models: list[str] = field(default_factory=list)  # registered by this rig, in order
 
     def __enter__(self) -> "Rig":
         try:
@@ -94,9 +102,15 @@ class Rig:
         from packrat.control import Controller, ControllerSettings
         from packrat.profile.store import save_profile
 
+        if self.server is not None:
+            # Attached: the models go where the running server looks for them.
+            self._attached = True
+            self.store = Path(self.server.model_store)
         self.store.mkdir(parents=True, exist_ok=True)
         shutil.copytree(self.base_dir, self.store / self.model, symlinks=True)
-        self.server = start_torchserve(self.store, self.workdir / "torchserve")
+        if self.server is None:
+            self.server = start_torchserve(self.store, self.workdir / "torchserve")
+        self._models.append(self.model)
         self.server.management_client().register(self.model, self.model, 1)
         state_dir = self.workdir / "packrat-state"
         settings = ControllerSettings(
@@ -113,6 +127,12 @@ class Rig:
         self.controller = Controller(settings, policy=self.loop)
         self.controller.acquire()
         save_profile(self.profile, self.controller.profile_path(self.model))
+
+    def register(self, name: str, workers: int = 1) -> None:
+        """Register archive `name` (already in the store) and wait for its workers; removed on
+        exit when attached."""
+        self._models.append(name)
+        self.server.register(name, workers)
 
     # -- running ---------------------------------------------------------------------
     def apply(self, plan: Plan) -> Any:
@@ -188,5 +208,32 @@ class Rig:
             t.join(timeout=60)
         if self.controller is not None:
             self.controller.release()
-        if self.server is not None:
+        if self.server is not None and self._attached:
+            for name in reversed(self._models):
+                remove_model(self.server, self.store, name)
+        elif self.server is not None:
             self.server.stop()
+
+
+def remove_model(server: RunningServer, store: Path, name: str, base: bool = True) -> None:
+    """Every version of `name` unregistered (the default last: TorchServe refuses it while
+    others exist), the version directories removed from `store`, and the base archive
+    (a copy, or a link to one) too unless `base` is False."""
+    from packrat.apply import versions
+    from packrat.errors import TorchServeError
+
+    client = server.management_client()
+    try:
+        described = client.describe_all(name)
+        default = client.describe(name)["modelVersion"]
+    except TorchServeError:
+        described, default = [], None  # never registered, or gone already
+    for d in sorted(described, key=lambda d: d["modelVersion"] == default):
+        client.unregister(name, d["modelVersion"])
+    for path in store.glob(f"{name}.*"):
+        if (path / versions.MANIFEST).exists() and versions.load_version(path):
+            versions.remove_version(path)  # its links only, never what they point at
+    if base and (store / name).is_symlink():
+        (store / name).unlink()  # the link only, never the archive it names
+    elif base:
+        shutil.rmtree(store / name, ignore_errors=True)

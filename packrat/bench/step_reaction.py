@@ -66,6 +66,7 @@ from packrat.observe.loop import AdaptSettings
 from packrat.plan import realizable_plan
 from packrat.plan.share import Demand, divide_cores
 from packrat.profile import load_profile
+from packrat.server import RunningServer
 from packrat.types import Profile
 
 SCENARIOS: dict[str, list[list[int]]] = {
@@ -128,7 +129,7 @@ def _add_model(rig: Rig, spec: ModelSpec) -> None:
         copy_sleep_model(rig.store, spec.name)
     else:
         shutil.copytree(spec.base, rig.store / spec.name, symlinks=True)
-    rig.server.register(spec.name, 1)
+    rig.register(spec.name, 1)
     from packrat.profile.store import save_profile
 
     save_profile(spec.profile, rig.controller.profile_path(spec.name))
@@ -166,14 +167,20 @@ def _division_samples(controller: Any, names: list[str], every_s: float = 0.25) 
 
 
 def run(models: list[ModelSpec], levels: list[list[int]], phase_s: float,
-        adapt: AdaptSettings | None = None, command: str = "") -> dict:
-    """Serve the phases and return the trace (module doc); nothing is judged here."""
+        adapt: AdaptSettings | None = None, command: str = "", server: RunningServer | None = None) -> dict:
+    """Serve the phases and return the trace (module doc); nothing is judged here.
+
+    `server`: a TorchServe already running to serve them on (the rig attaches: its models
+    are added to that server's store and removed again, the server left running); None:
+    a private one, started and stopped here."""
     adapt = adapt or AdaptSettings()
     started, load_start = time.time(), os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="packrat-step-") as tmp, _private_slot_dir(Path(tmp) / "slots"):
+    # Attached, the controller reads the slot directory the server's workers write.
+    with tempfile.TemporaryDirectory(prefix="packrat-step-") as tmp, _private_slot_dir(
+            server.slot_dir if server is not None and server.slot_dir else Path(tmp) / "slots"):
         first = models[0]
         rig = Rig(store=Path(tmp) / "store", workdir=Path(tmp), model=first.name, base_dir=first.base,
-                  profile=first.profile, settings=adapt)
+                  profile=first.profile, settings=adapt, server=server)
         with rig:
             for spec in models[1:]:
                 _add_model(rig, spec)
