@@ -41,13 +41,16 @@ def main() -> None:
     ap.add_argument("--hold-s", type=float, default=10.0, help="settled this long before the window")
     ap.add_argument("--settle-timeout-s", type=float, default=SETTLE_TIMEOUT_S)
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    ap.add_argument("--attach", type=Path, default=None,
+                    help="workdir of a running TorchServe (packrat torchserve start) to serve on, "
+                         "instead of a private one")
     args = ap.parse_args()
     out = args.out_dir / f"traffic-shape-{args.name}.jsonl"
     if out.exists():
         ap.error(f"{out} exists: choose another --name (results are appended, never mixed)")
     opts = Options(model_dir=args.model_dir or built_archive(args.arch, args.store, args.precision, args.runtime), out_jsonl=out, start_profile=args.profile, rounds=args.rounds,
                    clients=args.clients, window_s=args.window_s, settle_timeout_s=args.settle_timeout_s,
-                   hold_s=args.hold_s, profile_budget_s=args.profile_budget_s,
+                   hold_s=args.hold_s, profile_budget_s=args.profile_budget_s, attach=args.attach,
                    command="python " + " ".join(shlex.quote(a) for a in sys.argv))
     started = time.time()
     rows = run(opts)

@@ -4,7 +4,8 @@ The table's arithmetic on hand-made records (ratios, spreads, the target's band)
 of each phase, then one short live run on the suite's tiny text archive: a real TorchServe,
 `packrat controller --no-tune` and 8 closed-loop clients through one A and one B phase, too
 short for the controller to settle (marked so), whose records carry every field and no
-failed request. No speed is asserted: the machine is shared.
+failed request. No speed is asserted: the machine is shared. The live run attaches to the
+TorchServe the bench modules share (bench_support) and leaves it as it found it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import pytest
 from packrat.bench.results import read_records
 from packrat.bench.traffic_shape import PHASES, SHORT_TEXTS, Options, long_texts, phases, render, run, verdicts
 from packrat.profile.store import save_profile
+from packrat.server import RunningServer
 from packrat.types import Profile, ProfilePoint
+from bench_support import archives_left, no_models_left, shared_torchserve  # noqa: F401 (a fixture)
 
 PHASE_FIELDS = ("round", "phase", "texts", "clients", "settled", "settled_after_s", "window_s", "observed",
                 "predicted", "ratio", "ratio_corrected", "service_ratio", "predicted_for", "planned_from",
@@ -54,7 +57,8 @@ def test_phases_send_short_and_long_texts(tiny_store: Path) -> None:
 
 
 @pytest.mark.torchserve
-def test_a_short_live_run_records_every_field(tiny_store: Path, tmp_path: Path) -> None:
+def test_a_short_live_run_records_every_field(tiny_store: Path, tmp_path: Path,
+                                              shared_torchserve: RunningServer) -> None:
     start = Profile(model_id="tiny-bert", points=tuple(
         ProfilePoint(threads=t, batch=b, mean_ms=2.0 * b / t) for t in (1, 2) for b in (1, 2, 4, 8)),
         extra={"settings": {"sizes": [["tokens", 128]], "max_batch": 4, "cores": 1, "budget_s": 10.0}})
@@ -64,7 +68,11 @@ def test_a_short_live_run_records_every_field(tiny_store: Path, tmp_path: Path) 
     # unsettled) and a 2 s window (2 ticks polled); only the records' fields are checked.
     rows = run(Options(model_dir=tiny_store / "tiny-bert", out_jsonl=out, start_profile=tmp_path / "start.json",
                        rounds=1, window_s=2.0, settle_timeout_s=2.0, hold_s=1.0, round_trip_s=0.5,
-                       command="test"))
+                       attach=shared_torchserve.workdir, command="test"))
+    # attached: the model unregistered, its link and versions gone, the server still serving
+    assert no_models_left(shared_torchserve) == [] and shared_torchserve.is_running()
+    assert archives_left(shared_torchserve) == []
+    assert (tiny_store / "tiny-bert" / "model_config.yaml").is_file()  # the linked archive itself kept
     assert [(r["round"], r["phase"]) for r in rows] == [(1, "A"), (1, "B")]
     for r in rows:
         assert set(PHASE_FIELDS) <= set(r), set(PHASE_FIELDS) - set(r)

@@ -2,9 +2,9 @@
 <= 8-token and ~128-token texts, the controller's predicted latency beside the clients'.
 
 Served as users run Packrat: a private TorchServe on free loopback ports (token auth on),
-one text model registered with one worker, `packrat controller --no-tune` beside it (the
-re-plan loop on, tick 1 s; tuning off, so the mode stays the archive's own and the plan is
-the one the loop picks). Its Reprofiler (packrat.control.tuning.Reprofiler) follows the
+or one already running (Options.attach, `--attach`), one text model registered with one
+worker, `packrat controller --no-tune` beside it (the re-plan loop on, tick 1 s; tuning
+off, so the mode stays the archive's own and the plan is the one the loop picks). Its Reprofiler (packrat.control.tuning.Reprofiler) follows the
 traffic's sizes of the last ~30 s: when they move a factor 1.5 from those the profile planned
 from was timed at, it plans from the profile kept for that shape if one was measured (no
 re-profile, no wait), else re-profiles the live mode at the traffic's sizes (each batch b
@@ -151,6 +151,9 @@ class Options:
     profile_budget_s: float = 120.0
     profile_max_batch: int = 8
     round_trip_s: float = 3.0  # the generator's own round trip is measured this long
+    # Workdir of a TorchServe already running (packrat.server, as `packrat bench --attach`):
+    # served there, the model added to its store and removed again; None: a private one.
+    attach: Path | None = None
     command: str = ""
 
 
@@ -369,19 +372,28 @@ def start_profile(opts: Options, dest: Path) -> dict[str, Any]:
 @contextlib.contextmanager
 def serving(opts: Options, root: Path, log: ResultLog) -> Iterator[Serving]:
     """TorchServe with the model registered (one worker) and `packrat controller --no-tune`
-    beside it; both stopped on the way out, also on failure."""
-    from packrat.server import start_torchserve
+    beside it; both stopped on the way out, also on failure. Attached (opts.attach), the
+    server is left running, the model unregistered and its files removed from its store."""
+    from packrat.bench.adapt_rig import remove_model
+    from packrat.server import RunningServer, start_torchserve
 
     model = opts.model_dir.name
-    store, state = root / "store", root / "state"
-    store.mkdir()
-    (store / model).symlink_to(opts.model_dir.resolve(), target_is_directory=True)
+    attached = RunningServer.attach(opts.attach) if opts.attach is not None else None
+    store, state = (attached.model_store if attached else root / "store"), root / "state"
+    store.mkdir(exist_ok=True)
+    linked = not (store / model).exists()  # an attached store may hold the archive already: kept
+    if linked:
+        (store / model).symlink_to(opts.model_dir.resolve(), target_is_directory=True)
     (state / "profiles").mkdir(parents=True)
     log.append("start-profile", start_profile(opts, state / "profiles" / f"{model}.json"))
     log.append("round-trip", round_trip(opts.clients, opts.round_trip_s))
-    env = {packrat_settings.get("slot_dir").env: str(root / "slots")}
-    server = start_torchserve(store, root / "ts", slot_dir=root / "slots",
-                              extra_properties={"token_expiration_min": "480"})
+    if attached is not None:
+        server = attached
+        slots = server.slot_dir or packrat_settings.value("slot_dir")  # what its workers write
+    else:
+        slots = root / "slots"
+        server = start_torchserve(store, root / "ts", slot_dir=slots, extra_properties={"token_expiration_min": "480"})
+    env = {packrat_settings.get("slot_dir").env: str(slots)}
     proc = None
     try:
         server.register(model, 1)
@@ -397,7 +409,10 @@ def serving(opts: Options, root: Path, log: ResultLog) -> Iterator[Serving]:
         if proc is not None and proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=60)
-        server.stop()
+        if attached is not None:
+            remove_model(server, store, model, base=linked)
+        else:
+            server.stop()
 
 
 def run(opts: Options) -> list[dict[str, Any]]:
