@@ -22,8 +22,11 @@ from packrat.control.history import HISTORY_FILE, KEEP_LINES, TAIL_BYTES, Histor
 from packrat.control.statefiles import POLICY_STATE_FILE, StateFiles
 from packrat.jobs import Jobs
 from packrat.observe.loop import AdaptiveLoop, adapt_settings
+from packrat.bench.adapt_rig import remove_model
+from packrat.server import RunningServer
+from bench_support import archives_left, no_models_left, shared_torchserve  # noqa: F401 (a fixture)
 from reliability_support import copy_sleep_model
-from serving_support import start_server, usable_cores
+from serving_support import usable_cores
 
 PAD = "x" * 700  # a real record carries phases, plans and errors: ~0.5-1 kB a line
 
@@ -137,14 +140,15 @@ def test_finished_jobs_are_bounded_in_number_and_age() -> None:
 @pytest.mark.torchserve
 @pytest.mark.slow
 def test_ticks_over_five_models_scrape_once_and_leave_unchanged_state_unwritten(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = tmp_path / "store"
-    store.mkdir()
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_torchserve: RunningServer) -> None:
+    # On the TorchServe the bench modules share (bench_support), empty before and after.
+    server = shared_torchserve
+    store = server.model_store
     models = [f"m{i}" for i in range(5)]
-    for m in models:
-        copy_sleep_model(store, m)
-    server = start_server(store, tmp_path / "ts", models=models)
     try:
+        for m in models:
+            copy_sleep_model(store, m)
+            server.register(m, 1)
         monkeypatch.setenv("PACKRAT_SLOT_DIR", str(server.slot_dir))
         decided: list[str] = []  # the real re-plan loop; one decision line per model and tick
         policy = AdaptiveLoop(adapt_settings(), emit=decided.append)
@@ -179,4 +183,6 @@ def test_ticks_over_five_models_scrape_once_and_leave_unchanged_state_unwritten(
         listed = {m["modelName"]: m["modelUrl"] for m in c.client.list_models()}
         assert listed == {m: describe(m).url for m in models}
     finally:
-        server.stop()
+        for m in models:
+            remove_model(server, store, m)
+    assert no_models_left(server) == [] and archives_left(server) == []
