@@ -6,6 +6,11 @@ loopback ports for the session, token authorisation on, and stops it — also
 when tests fail; modules register the archives they need (ensure_registered)
 and undo whatever else they change on it.
 
+Tests and fixtures stop the servers they started in the background (serving_support.
+stop_in_background: TorchServe's shutdown waits ~2.5 s, almost no CPU) where
+no test reads anything of them afterwards; the session joins every such stop
+and fails if one raised or left a process.
+
 Every TorchServe a test starts gets its own slot directory inside its workdir
 (serving_support.start_server), removed when it stops; servers started by
 packrat code under test (the benchmark, the adaptation rig) and their
@@ -36,7 +41,7 @@ import pytest
 from hypothesis import settings
 
 from packrat.server import RunningServer
-from serving_support import start_server
+from serving_support import background_stops_joined, start_server, stop_in_background
 
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("dev", print_blob=True)
@@ -82,6 +87,17 @@ def _pil_bomb_limit_restored():
     before = Image.MAX_IMAGE_PIXELS
     yield
     Image.MAX_IMAGE_PIXELS = before
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background_stops():
+    """Servers that fixtures stop in the background (serving_support.stop_in_background,
+    ~2.5 s each off the tests' path) are all joined here, at the end of the session:
+    a stop that raised or left a process fails the run (an error at teardown).
+    Autouse and session-scoped, so set up before and torn down after every fixture
+    that may hand it a server."""
+    with background_stops_joined():
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -132,4 +148,4 @@ def torchserve(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
     try:
         yield server
     finally:
-        server.stop()
+        stop_in_background(server)  # nothing uses it again; joined by _background_stops

@@ -27,6 +27,68 @@ def start_server(model_store: Path, workdir: Path, **kwargs) -> RunningServer:
     return start_torchserve(model_store, workdir, slot_dir=Path(workdir) / "slots", **kwargs)
 
 
+# Servers stopping on threads of their own (stop_in_background), joined at session end.
+_background_stops: list[tuple[RunningServer, threading.Thread, list[BaseException]]] = []
+_background_lock = threading.Lock()
+_background_open = False  # only while conftest's session fixture will join them
+
+
+def stop_in_background(server: RunningServer) -> None:
+    """server.stop() on a thread of its own, for a server nothing uses again.
+
+    A stop takes ~2.5 s of waiting (TorchServe's shutdown hook sits out Netty's fixed
+    2 s quiet period) and almost no CPU; the next test need not wait for it. Only for a
+    server whose workdir, ports and slot dir no later test takes (start_server gives
+    each its own) and whose logs and processes nothing reads after. conftest's
+    session fixture joins every one (background_stops_joined) and fails the run if a
+    stop raised or left a process of its group. Outside that (no session fixture
+    active) the stop is synchronous."""
+    with _background_lock:
+        if _background_open:
+            errors: list[BaseException] = []
+
+            def stop() -> None:
+                try:
+                    server.stop()
+                except BaseException as exc:  # kept for background_stops_joined to report
+                    errors.append(exc)
+
+            # Not a daemon: an interpreter leaving early still waits for the JVM to go.
+            thread = threading.Thread(target=stop, name=f"stop-torchserve-{server.pid}")
+            thread.start()
+            _background_stops.append((server, thread, errors))
+            return
+    server.stop()
+
+
+@contextmanager
+def background_stops_joined(timeout_s: float = 120.0) -> Iterator[None]:
+    """While inside, stop_in_background stops on a thread; on leaving, every such stop is
+    joined and AssertionError names each that raised, outlived `timeout_s` (stop()
+    itself SIGKILLs after 60 s) or left a live process in the server's process group."""
+    global _background_open
+    from packrat.bench.proc_cpu import group_members
+
+    with _background_lock:
+        _background_open = True
+    try:
+        yield
+    finally:
+        with _background_lock:
+            _background_open = False  # from here on, stops are synchronous
+            stops = list(_background_stops)
+            _background_stops.clear()
+        problems = []
+        for server, thread, errors in stops:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                problems.append(f"{server.workdir}: stop() still running after {timeout_s:.0f} s")
+            problems += [f"{server.workdir}: stop() raised {exc!r}" for exc in errors]
+            if left := group_members(server.pid):  # independent of stop()'s own check
+                problems.append(f"{server.workdir}: processes {left} of group {server.pid} left after stop()")
+        assert not problems, "background stops of TorchServe failed:\n" + "\n".join(problems)
+
+
 def usable_cores(n: int = 2) -> tuple[int, ...]:
     """The first `n` CPUs this process may run on (not 0 and 1: a CI container may be
     pinned to others); skips the test, saying why, where fewer are usable."""
@@ -188,7 +250,7 @@ def noop_with_controller(tiny_store: Path, workdir: Path, model: str, controller
     """TorchServe serving the noop archive as `model` (registered, one worker) and a
     `packrat controller` beside it with `controller_flags`, up once /healthz answers;
     with `profiled`, the model has synthetic_profile() in the controller's state.
-    Both are stopped on the way out, also on failure."""
+    Both are stopped on the way out, also on failure (TorchServe in the background)."""
     from packrat.profile.store import save_profile
 
     store, state = workdir / "store", workdir / "state"
@@ -207,21 +269,23 @@ def noop_with_controller(tiny_store: Path, workdir: Path, model: str, controller
 def registered_with_controller(server: RunningServer, ctl: ControllerProcess,
                                model: str) -> Iterator[tuple[RunningServer, ControllerProcess]]:
     """Register `model` (one worker) on a started `server`, then start `ctl`; both are
-    stopped on the way out, also when registering or starting fails."""
+    stopped on the way out, also when registering or starting fails (the controller
+    killed at once, TorchServe by stop_in_background)."""
     try:
         server.management_client().register(model, model, 1)
         ctl.start()
         yield server, ctl
     finally:
         ctl.kill()
-        server.stop()
+        stop_in_background(server)  # its own workdir, ports and slot dir: nothing uses them again
 
 
 @contextmanager
 def swapper_on_a_copy(tiny_store: Path, tmp_factory: pytest.TempPathFactory, base: str,
                       name: str) -> Iterator[tuple[RunningServer, Path, object]]:
     """A TorchServe of its own over a copy of the tiny archive `base` registered as `name`,
-    and a Swapper for it: (server, model store, swapper). The server stops on the way out."""
+    and a Swapper for it: (server, model store, swapper). The server stops on the way out
+    (stop_in_background)."""
     import shutil
 
     from packrat.apply.swap import Swapper
@@ -236,7 +300,7 @@ def swapper_on_a_copy(tiny_store: Path, tmp_factory: pytest.TempPathFactory, bas
             client.register(name, name, 1)
             yield server, store, Swapper(client, store, cores=list(usable_cores(2)))
     finally:
-        server.stop()
+        stop_in_background(server)
 
 
 def python_for(uid: int) -> str:
