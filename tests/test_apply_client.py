@@ -24,7 +24,7 @@ import pytest
 from packrat.apply.client import ManagementClient
 from packrat.apply.keys import read_keys
 from packrat.errors import TorchServeError
-from serving_support import start_server
+from serving_support import start_server, stop_in_background
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def torchserve(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
     try:
         yield server
     finally:
-        server.stop()
+        stop_in_background(server)
 
 
 @pytest.mark.torchserve

@@ -17,7 +17,7 @@ import requests
 from packrat.api.answers import error_status
 from packrat.errors import ModeRefusedError, SwapError
 from packrat.types import Instance, Plan
-from serving_support import start_server, usable_cores
+from serving_support import start_server, stop_in_background, usable_cores
 from waiting import wait_until
 
 MODEL = "strict-bert"
@@ -41,7 +41,7 @@ def strict(tmp_path_factory: pytest.TempPathFactory):
         server.management_client().register(MODEL, MODEL, 1)
         yield server, store
     finally:
-        server.stop()
+        stop_in_background(server)
 
 
 def test_a_refused_mode_is_the_caller_s_mistake() -> None:

@@ -37,7 +37,7 @@ from packrat.worker_counters import read_counters
 from packrat.bench.loadgen import ContinuousLoad
 from packrat.errors import SwapError
 from packrat.types import Instance, Plan
-from serving_support import start_server, usable_cores
+from serving_support import start_server, stop_in_background, usable_cores
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -66,7 +66,7 @@ def served(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
             client.register(ECHO, ECHO, 1)
             yield server, client, store
     finally:
-        server.stop()
+        stop_in_background(server)
 
 
 # -- independent read-back -------------------------------------------------------

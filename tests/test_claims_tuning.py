@@ -21,7 +21,7 @@ import time
 import pytest
 
 from packrat.archive import ArchiveOptions, build_named
-from serving_support import ControllerProcess, start_server
+from serving_support import ControllerProcess, start_server, stop_in_background
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -74,7 +74,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         yield server, ctl, store, first
     finally:
         ctl.kill()
-        server.stop()
+        stop_in_background(server)
 
 
 def test_every_model_is_tuned_one_at_a_time_within_its_budget(stack) -> None:

@@ -25,7 +25,7 @@ from packrat.control import Controller, ControllerSettings
 from packrat.plan import realizable_plan
 from packrat.profile.store import save_profile
 from packrat.types import Profile, ProfilePoint
-from serving_support import ControllerProcess, start_server, usable_cores
+from serving_support import ControllerProcess, start_server, stop_in_background, usable_cores
 from test_reliability_faults import in_process
 from waiting import wait_until
 
@@ -47,7 +47,7 @@ def stack(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
         yield server, ctl, store
     finally:
         ctl.kill()
-        server.stop()
+        stop_in_background(server)
 
 
 class Ctl(ControllerProcess):

@@ -32,7 +32,7 @@ from packrat.plan import realizable_plan
 from packrat.profile.store import save_profile
 from packrat.types import Observation, TickContext
 from reliability_support import copy_sleep_model
-from serving_support import start_server, usable_cores
+from serving_support import start_server, stop_in_background, usable_cores
 
 SLEEP_MODEL = Path(__file__).parent / "data" / "observe" / "sleepmodel"
 PROFILE = table_profile("sleepy", sleep_table(SLEEP_MODEL))
@@ -220,4 +220,4 @@ def test_a_status_after_a_fresh_tick_asks_torchserve_once(tmp_path: Path, monkey
         whole = requests.get(f"{server.metrics_url}/metrics", timeout=10).text
         assert status.observed.requests_total == 1 == metrics.observation(whole, "m1", 0.0).requests_total
     finally:
-        server.stop()
+        stop_in_background(server)

@@ -27,7 +27,7 @@ from packrat.observe.policy import PolicySettings
 from packrat.plan import realizable_plan
 from packrat.profile.store import save_profile
 from reliability_support import SLEEP_MODEL, copy_sleep_model, wait_for
-from serving_support import start_server, usable_cores, worker_pids
+from serving_support import start_server, stop_in_background, usable_cores, worker_pids
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -137,4 +137,4 @@ def test_two_models_get_disjoint_cores_and_a_load_shift_moves_them(tmp_path: Pat
             tick.join(timeout=120)
         if controller is not None:
             controller.release()
-        server.stop()
+        stop_in_background(server)

@@ -21,7 +21,7 @@ from packrat.bench.proc_cpu import comm, group_members
 from packrat.errors import TorchServeError
 from packrat.forkserver import write_shim
 from packrat.server import DEFAULT_CONFIG, Ports, RunningServer, render_properties
-from serving_support import ensure_registered, process_alive, start_server
+from serving_support import ensure_registered, process_alive, start_server, stop_in_background
 from waiting import wait_until
 
 # Prints what a fresh `python worker.py` would see, then behaves as its argv asks.
@@ -345,7 +345,7 @@ def test_PACKRAT_FORKSERVER_0_starts_workers_the_way_torchserve_does(tiny_store,
         java = _parent_of(worker["pid"])
         assert b"org.pytorch.serve.ModelServer" in Path(f"/proc/{java}/cmdline").read_bytes()
     finally:
-        server.stop()
+        stop_in_background(server)
 
 
 @pytest.mark.torchserve

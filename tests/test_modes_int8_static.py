@@ -22,7 +22,7 @@ import yaml
 
 from packrat.profile.probe import Capabilities
 from packrat.tune.modes import candidate_modes, unsupported
-from serving_support import ensure_registered, predict, start_server
+from serving_support import ensure_registered, predict, start_server, stop_in_background
 from waiting import wait_until
 
 HAVE_OV = all(importlib.util.find_spec(m) is not None for m in ("openvino", "nncf", "onnx"))
@@ -159,7 +159,7 @@ def server(store, tmp_path_factory):
     try:
         yield server
     finally:
-        server.stop()
+        stop_in_background(server)
 
 
 def _model_log(server) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from serving_support import ensure_registered, predict, predict_together, start_server
+from serving_support import ensure_registered, predict, predict_together, start_server, stop_in_background
 
 pytestmark = pytest.mark.torchserve
 
@@ -91,7 +91,7 @@ def server(store, tmp_path_factory):
     try:
         yield server
     finally:
-        server.stop()
+        stop_in_background(server)
 
 
 def _group(server, modes):

@@ -39,7 +39,7 @@ from packrat.control import Controller, ControllerSettings
 from packrat.errors import TorchServeError
 from packrat.types import Instance, Plan
 from reliability_support import copy_sleep_model, holding_unread, wait_for
-from serving_support import ControllerProcess, start_server, usable_cores
+from serving_support import ControllerProcess, start_server, stop_in_background, usable_cores
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -96,7 +96,7 @@ def _stack(tmp_path_factory: pytest.TempPathFactory):
     finally:
         if ctl is not None:
             ctl.kill()
-        box["server"].stop()
+        stop_in_background(box["server"])
 
 
 @pytest.fixture(scope="module")

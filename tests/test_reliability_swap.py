@@ -32,7 +32,7 @@ from packrat.apply import versions
 from packrat.apply.swap import Swapper, pending_requests
 from packrat.types import Instance, Plan
 from reliability_support import copy_sleep_model, holding_unread, wait_for
-from serving_support import start_server, usable_cores
+from serving_support import start_server, stop_in_background, usable_cores
 
 pytestmark = [pytest.mark.torchserve, pytest.mark.slow]
 
@@ -61,7 +61,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
             server.register(MODEL)  # 1 worker, batch cap 1
             yield server, store
     finally:
-        server.stop()
+        stop_in_background(server)
 
 
 def test_batch_held_by_a_stopped_worker_is_answered_across_a_swap(served) -> None:

@@ -12,7 +12,7 @@ import pytest
 import requests
 import yaml
 
-from serving_support import start_server
+from serving_support import start_server, stop_in_background
 
 pytestmark = [pytest.mark.torchserve]
 
@@ -59,4 +59,4 @@ def test_a_burst_beyond_torchserve_s_default_queue_is_answered(burst_store: Path
         assert len(statuses) == BURST
         assert statuses.count(200) == BURST, (statuses.count(200), failures[:2])
     finally:
-        server.stop()
+        stop_in_background(server)

@@ -24,7 +24,7 @@ from packrat.tslog import (
     with_log_config,
     worker_request_lines_quiet,
 )
-from serving_support import ensure_registered, start_server, worker_pids
+from serving_support import ensure_registered, start_server, stop_in_background, worker_pids
 
 START = ["--start", "--foreground", "--ts-config"]
 
@@ -240,4 +240,4 @@ def test_served_batches_write_one_prediction_metric_a_second(tiny_store: Path, t
         assert 2 <= len(lines) <= workers * (elapsed + 1), (elapsed, workers, lines)
         assert all("ModelName:noop" in line for line in lines)
     finally:
-        server.stop()
+        stop_in_background(server)

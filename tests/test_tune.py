@@ -34,7 +34,7 @@ from packrat.profile.probe import Capabilities
 from packrat.profile.shape import MIN_REQUESTS
 from packrat.tune import candidate_modes
 from packrat.types import Fingerprint, Instance, Plan, Profile, ProfilePoint, TuneRecord
-from serving_support import ControllerProcess, start_server
+from serving_support import ControllerProcess, start_server, stop_in_background
 from waiting import wait_until
 
 MODEL = "tt-bert"
@@ -332,7 +332,7 @@ def stack(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory):
         yield server, ctl, store
     finally:
         ctl.kill()
-        server.stop()
+        stop_in_background(server)
 
 
 def test_tuned_by_default_under_load_then_retuned_on_request(stack) -> None:

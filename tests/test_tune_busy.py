@@ -27,7 +27,7 @@ from packrat.cores import read_cpu_ticks
 from packrat.control.tuning import BUDGET_WHY, BUSY_WHY, busy_note, why_busy
 from packrat.tune.run import busy_modes
 from packrat.types import Fingerprint, Profile, ProfilePoint, TuneRecord
-from serving_support import ControllerProcess, start_server, usable_cores
+from serving_support import ControllerProcess, start_server, stop_in_background, usable_cores
 from waiting import wait_until
 
 MODEL = "busy-bert"
@@ -141,7 +141,7 @@ def busy_stack(tiny_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         yield server, ctl
     finally:
         ctl.kill()
-        server.stop()
+        stop_in_background(server)
 
 
 def _tune(ctl: ControllerProcess) -> dict:
