@@ -257,6 +257,167 @@ def test_a_worker_the_shim_starts_itself_goes_back_to_the_workers_nice(fork_serv
     assert json.loads(forked.communicate(timeout=60)[0])["nice"] == os.getpriority(os.PRIO_PROCESS, 0)
 
 
+# A module whose import takes `slow_s` of wall time (asleep, so a loaded machine does not
+# stretch it) and logs when it ran: the fork server's background imports, made visible.
+SLOW_MODULE = """\
+import os, time
+with open(os.environ["IMPORT_LOG"], "a") as log:
+    log.write(f"{{__name__}} start {{time.time()}}\\n")
+time.sleep({slow_s})
+with open(os.environ["IMPORT_LOG"], "a") as log:
+    log.write(f"{{__name__}} end {{time.time()}}\\n")
+"""
+# `python -m seen_module RESULT_FD`: when it was forked and which slow modules it has.
+SEEN_MODULE = """\
+import json, os, sys, time
+os.write(int(sys.argv[1]), json.dumps({"at": time.time(), "ppid": os.getppid(),
+    "slow": sorted(m for m in sys.modules if m.startswith("slow_"))}).encode())
+"""
+
+
+def _ask(socket_path: Path, workdir: Path, preload: tuple[str, ...] = ()) -> tuple[dict, float]:
+    """Fork `seen_module` through `socket_path`: what it saw, and how long the request waited."""
+    from packrat.forkserver.client import request
+
+    result_r, result_w = os.pipe()
+    asked = time.time()
+    proc = request(str(socket_path), ["-m", "seen_module", "3"], {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+                   str(workdir), fds={0: 0, 1: 1, 2: 2, 3: result_w}, preload=preload)
+    os.close(result_w)
+    assert proc is not None
+    with os.fdopen(result_r) as results:
+        seen = json.loads(results.read())
+    assert proc.wait() == 0
+    return seen, seen["at"] - asked
+
+
+def _slow_modules(tmp_path: Path, count: int, slow_s: float) -> tuple[Path, Path, dict[str, str]]:
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    for k in range(count):
+        (mods / f"slow_{k}.py").write_text(SLOW_MODULE.format(slow_s=slow_s))
+    (mods / "seen_module.py").write_text(SEEN_MODULE)
+    log = tmp_path / "imports.log"
+    env = {**os.environ, "IMPORT_LOG": str(log), "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(mods), os.environ.get("PYTHONPATH", "")) if p)}
+    return mods, log, env
+
+
+def test_the_server_forks_while_it_imports_in_the_background_one_module_at_a_time(tmp_path) -> None:
+    """--idle-preload: accepted before those imports, each done between select() rounds, so
+    a request waits for one module's import at most; a later fork gets them all."""
+    slow_s = 1.0
+    mods, log, env = _slow_modules(tmp_path, 4, slow_s)
+    socket_path = tmp_path / "sock"
+    server = subprocess.Popen([sys.executable, "-m", "packrat.forkserver.server", "--socket", str(socket_path),
+                               "--parent", str(os.getpid()), "--preload", "json",
+                               "--idle-preload", "slow_0,slow_1,slow_2,slow_3"], env=env, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: log.exists(), 120, "the first background import")  # slow_0 has begun
+        seen, waited = _ask(socket_path, mods)
+        assert seen["ppid"] == server.pid
+        # Forked before the background imports were done, after the one under way (slow_0
+        # had begun when it asked) and no other...
+        assert seen["slow"] == ["slow_0"], seen
+        assert waited < slow_s + 1.5, waited  # ...having waited for one of them at most (4 take 4 s)
+        # Each import ran by itself, one after the other, in the order given.
+        wait_until(lambda: len(log.read_text().splitlines()) == 8, 120, "the background imports")
+        events = [line.split() for line in log.read_text().splitlines()]
+        assert [(e[0], e[1]) for e in events] == [(f"slow_{k}", w) for k in range(4) for w in ("start", "end")]
+        later, _ = _ask(socket_path, mods)
+        assert later["slow"] == ["slow_0", "slow_1", "slow_2", "slow_3"]
+        assert server.poll() is None
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_request_names_what_the_server_imports_before_forking_it(tmp_path) -> None:
+    """The profiler's server (client.spawn's `preload`): imported before the fork, once, and
+    nothing in the background."""
+    mods, log, env = _slow_modules(tmp_path, 2, 0.2)
+    socket_path = tmp_path / "sock"
+    server = subprocess.Popen([sys.executable, "-m", "packrat.forkserver.server", "--socket", str(socket_path),
+                               "--parent", str(os.getpid()), "--preload", ""], env=env, stderr=subprocess.PIPE)
+    try:
+        wait_until(socket_path.exists, 120, "the fork server's socket")
+        first, _ = _ask(socket_path, mods, preload=("slow_0",))
+        again, _ = _ask(socket_path, mods, preload=("slow_0",))
+        assert first["slow"] == again["slow"] == ["slow_0"]  # slow_1: never asked for, never imported
+        assert [line.split()[:2] for line in log.read_text().splitlines()] == [["slow_0", "start"], ["slow_0", "end"]]
+        assert _ask(socket_path, mods, preload=("slow_1",))[0]["slow"] == ["slow_0", "slow_1"]
+        # A name that is no module is refused like any malformed request: the caller starts Python.
+        from packrat.forkserver.client import request
+
+        assert request(str(socket_path), ["-m", "seen_module", "3"], os.environ, str(mods),
+                       fds={0: 0, 1: 1, 2: 2}, preload=("os; rm -rf",)) is None
+        assert server.poll() is None
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_model_preload_names_what_the_archives_worker_imports(tmp_path) -> None:
+    from packrat.forkserver.server import model_preload
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    assert model_preload({"packrat": {"task": "noop"}}, str(tmp_path)) == ()
+    assert model_preload({}, str(tmp_path)) == ()
+    generation = model_preload({"packrat": {"task": "text-generation", "runtime": "eager"}}, str(tmp_path))
+    assert "transformers.models.gpt2.modeling_gpt2" in generation and "tokenizers" in generation
+    # A graph runtime loads its graph from the build cache: no transformers (its first worker
+    # builds the graph and imports transformers itself).
+    image = model_preload({"packrat": {"task": "image-classification", "runtime": "openvino"}}, str(tmp_path))
+    assert image == ("PIL.Image",)
+    from importlib.util import find_spec
+
+    for name in (*generation, *image):  # every one of them is a module this environment has
+        assert find_spec(name) is not None, name
+
+
+def _fork_dir_of(server_pid: int) -> Path:
+    argv = Path(f"/proc/{server_pid}/cmdline").read_bytes().decode().split("\0")
+    return Path(argv[argv.index("--socket") + 1]).parent
+
+
+# A process that owns a profiler-style fork server (client.spawn) with a worker running, and
+# says where its socket is; then it waits to be killed.
+OWNER = """\
+import json, os, sys, time
+from packrat.forkserver import client
+proc = client.spawn([sys.argv[1], "sleep"], os.environ, fds={0: 0, 1: 2, 2: 2}, preload=("json",))
+assert proc is not None
+print(json.dumps({"socket": client._OWN.socket_path(), "worker": proc.pid}), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("whom", ["group", "owner"])
+def test_a_sigtermed_owner_leaves_no_fork_server_directory(tmp_path, whom: str) -> None:
+    """SIGTERM to the process group (RunningServer.stop's way, a test killing a controller) or
+    to the owner alone: the server goes, its worker with it, and so does its directory."""
+    (tmp_path / "worker.py").write_text(WORKER)
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path / "worker.py")], stdout=subprocess.PIPE,
+                             start_new_session=True, text=True)
+    try:
+        started = json.loads(owner.stdout.readline())
+        directory = Path(started["socket"]).parent
+        assert directory.name.startswith("packrat-fork-") and (directory / "sock").exists()
+        server = _parent_of(started["worker"])
+        assert _fork_dir_of(server) == directory
+        if whom == "group":
+            os.killpg(owner.pid, signal.SIGTERM)
+        else:
+            owner.terminate()
+        assert owner.wait(timeout=30) == -signal.SIGTERM  # no atexit ran in the owner
+        for pid in (server, started["worker"]):
+            assert _wait_gone(pid), pid
+        wait_until(lambda: not directory.exists(), 30, f"{directory} removed")
+    finally:
+        _kill_groups_of(str(tmp_path / "worker.py"))
+
+
 def _favour(levels: int, *wrapper: str) -> tuple[str, int]:
     """favour_frontend(levels) in a fresh process (so this one keeps its nice): message, nice after.
     RLIMIT_NICE 0 there: only CAP_SYS_NICE (root's, unless `wrapper` drops it) may lower a nice."""
@@ -335,6 +496,38 @@ def test_torchserve_workers_are_forked_and_scaled_down_with_their_shims(resnet_r
     client.unregister("tiny-resnet", described["modelVersion"])
     assert _wait_gone(worker["pid"], timeout_s=60)
     assert process_alive(fork_server)
+
+
+@pytest.mark.torchserve
+def test_a_noop_worker_needs_no_model_import_and_a_stopped_server_leaves_no_directory(tiny_store, tmp_path) -> None:
+    """The fork server takes requests once every worker's imports are in (BASE_PRELOAD) and
+    imports the models' libraries while idle; stop() (SIGTERM to the group) leaves no
+    directory of it behind."""
+    from packrat.forkserver.server import BASE_PRELOAD, MODEL_PRELOAD
+
+    server = start_server(tiny_store, tmp_path / "ts")
+    try:
+        (worker,) = server.register("noop")
+        fork_server = _parent_of(worker["pid"])
+        assert b"packrat.forkserver.server" in Path(f"/proc/{fork_server}/cmdline").read_bytes()
+        directory = _fork_dir_of(fork_server)
+        out = server.workdir / "torchserve.out"
+        ready = f"packrat fork server: ready, preloaded {len(BASE_PRELOAD)} modules"
+        idle = f"packrat fork server: imported {len(MODEL_PRELOAD)} more modules while idle"
+        wait_until(lambda: idle in out.read_text(errors="replace"), 180, "the fork server's idle imports")
+        text = out.read_text(errors="replace")
+        assert ready in text and text.index(ready) < text.index(idle)
+        assert "not preloaded" not in text  # every one of them is here to import
+        assert len(os.listdir(f"/proc/{fork_server}/task")) == 1  # still one thread to fork from
+        r = requests.post(f"{server.inference_url}/predictions/noop", data=b"ping",
+                          headers=server.inference_headers(), timeout=60)
+        assert r.status_code == 200 and r.content == b"ping"
+        assert directory.exists()
+    finally:
+        server.stop()
+    assert not directory.exists()
+    for pid in (worker["pid"], fork_server):
+        assert _wait_gone(pid), pid
 
 
 @pytest.mark.torchserve

@@ -107,6 +107,45 @@ def test_PACKRAT_FORKSERVER_0_profiles_in_new_interpreters_and_model_scope_is_re
     assert sorted((p.threads, p.batch) for p in profile.points) == [(1, 1), (1, 2)]
 
 
+# Appended to an archive's handler: each worker records what it had imported when its
+# model load began, i.e. what its fork server had imported before forking it.
+SEEN_AT_LOAD = """
+
+def _record_then(load):
+    def load_task(model_dir, model_yaml_config):
+        import json, os, sys
+        with open(os.environ["SEEN_AT_LOAD"], "a") as seen:
+            seen.write(json.dumps({"pid": os.getpid(), "transformers": "transformers" in sys.modules,
+                                   "torch": "torch" in sys.modules}) + "\\n")
+        return load(model_dir, model_yaml_config)
+    return load_task
+
+
+load_task = _record_then(load_task)
+"""
+
+
+def test_a_noop_profile_forks_its_worker_from_a_server_that_never_imported_transformers(tmp_path):
+    """The profiler's fork server imports what the profiled archive's worker needs: torch for
+    every worker, no transformers for noop (the server used to import it, ~4 s of CPU
+    before the first fork, for a worker that never needs it)."""
+    from packrat.archive import build_named
+
+    archive = build_named("noop", tmp_path / "store")
+    handler = archive / "packrat_handler.py"
+    handler.write_text(handler.read_text() + SEEN_AT_LOAD)
+    seen, out = tmp_path / "seen.jsonl", tmp_path / "p.json"
+    res = packrat("profile", str(archive), "--cores", "1", "--max-batch", "1", "--point-budget", "0.3",
+                  "-q", "-o", str(out), env={**os.environ, "SEEN_AT_LOAD": str(seen)})
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    assert [w["forked"] for w in data["workers"]] == [True]
+    assert [(p["threads"], p["batch"]) for p in data["points"]] == [(1, 1)]
+    (worker,) = [json.loads(line) for line in seen.read_text().splitlines()]
+    assert worker["pid"] == data["workers"][0]["pid"]
+    assert worker["torch"] is True and worker["transformers"] is False
+
+
 def test_exhausted_budget_omits_points_and_invents_none(tmp_path):
     archive = make_tiny_archive(tmp_path / "tiny")
     out = tmp_path / "p.json"

@@ -6,8 +6,10 @@ and an eager worker then spends most of its start importing torch and transforme
 `packrat.server` starts TorchServe with two helpers beside it:
 
 - server.py, the fork server: one process that imports those libraries once
-  (PRELOAD), then forks a child per worker start, which runs the worker script in
-  the caller's argv, environment, working directory and stdio;
+  (what every worker needs first, BASE_PRELOAD; what only some models need,
+  MODEL_PRELOAD, afterwards while idle), then forks a child per worker start,
+  which runs the worker script in the caller's argv, environment, working
+  directory and stdio;
 - shim.py, written as an executable file (write_shim) that TorchServe uses as its
   `python`: it hands its request to the fork server, relays signals and exits with
   the child's status; without a fork server, or for a request the fork server must
@@ -19,7 +21,8 @@ its pipes, its exit. When TorchServe kills the shim (scale-down, restart) the fo
 server kills the child; when the fork server dies its children die
 (PR_SET_PDEATHSIG), and TorchServe restarts them through the shim's fallback.
 The profiler forks its workers the same way from a fork server of its own
-(client.py: `-m module` requests with extra descriptors, started on first use).
+(client.py: `-m module` requests with extra descriptors, started on first use;
+each request names what its child imports, which the server imports before the fork).
 PACKRAT_FORKSERVER=0 turns both off.
 """
 

@@ -6,9 +6,16 @@ first use and gone when the process exits (the server watches its parent). A
 profiling worker then starts in tenths of a second instead of the ~4 s of CPU its
 imports take cold, and runs in the same kind of process a served worker does.
 
-    proc = spawn(["-m", "packrat.profile.worker", job, "3"], env, fds={1: log, 2: log, 3: pipe})
+    proc = spawn(["-m", "packrat.profile.worker", job, "3"], env, fds={1: log, 2: log, 3: pipe},
+                 preload=("numpy", "torch"))
     if proc is None: ...  # no fork server here (PACKRAT_FORKSERVER=0, or it declined): Popen
     proc.wait(); proc.kill()
+
+The server imports nothing by itself: each request names what its child will import
+(`preload`), and the server imports what it lacks of that before it forks the child, in
+the time the child would have spent on it. So a profile of a model that needs no
+transformers never waits for it, and nothing is imported while the workers of a profile
+are timed (all its requests name the same modules: only its first imports).
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from packrat.forkserver import enabled
+from packrat.forkserver.server import PRELOAD
 
-# The first request waits while the server imports torch and transformers (~4-5 s CPU).
+# A request waits while the server imports what it names (torch and transformers: ~4-7 s CPU).
 _FIRST_REPLY_TIMEOUT_S = 120.0
 _BIND_TIMEOUT_S = 30.0
 
@@ -68,14 +76,18 @@ class ForkedProcess:
 
 
 def request(socket_path: str, argv: list[str], env: Mapping[str, str], cwd: str,
-            fds: Mapping[int, int]) -> ForkedProcess | None:
+            fds: Mapping[int, int], preload: Sequence[str] = ()) -> ForkedProcess | None:
     """Ask the fork server at `socket_path` for `python <argv>`; None if it is not there or declines.
 
     `fds`: descriptor number in the child -> descriptor here (sent with SCM_RIGHTS; the
-    caller keeps and closes its own).
+    caller keeps and closes its own). `preload`: modules the server imports (where it has
+    not yet) before it forks this child.
     """
     targets, sent = list(fds), list(fds.values())
-    body = json.dumps({"argv": argv, "cwd": cwd, "env": dict(env), "fd_targets": targets}).encode()
+    message = {"argv": argv, "cwd": cwd, "env": dict(env), "fd_targets": targets}
+    if preload:
+        message["preload"] = list(preload)
+    body = json.dumps(message).encode()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(_FIRST_REPLY_TIMEOUT_S)
@@ -112,11 +124,12 @@ class _OwnServer:
         self._dir = Path(tempfile.mkdtemp(prefix="packrat-fork-", dir="/tmp"))  # short: sun_path
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         sock = self._dir / "sock"
+        # No preload of its own: each request names its own (spawn's `preload`).
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "packrat.forkserver.server", "--socket", str(sock),
-             "--parent", str(os.getpid())], env=env, stdin=subprocess.DEVNULL,
+             "--parent", str(os.getpid()), "--preload", ""], env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # its one line: "ready"
-        # The server binds its socket before its imports: wait for the bind, not the imports.
+        # The server binds its socket first: wait for the bind, not for any import.
         deadline = time.monotonic() + _BIND_TIMEOUT_S
         while not sock.exists() and self._proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -141,12 +154,15 @@ _OWN = _OwnServer()
 
 
 def spawn(argv: list[str], env: Mapping[str, str], fds: Mapping[int, int],
-          cwd: str | None = None) -> ForkedProcess | None:
+          cwd: str | None = None, preload: Sequence[str] = PRELOAD) -> ForkedProcess | None:
     """`python <argv>` forked by this process's own fork server; None when there is none
-    (PACKRAT_FORKSERVER=0) or it declined (e.g. LD_PRELOAD differs): start it yourself."""
+    (PACKRAT_FORKSERVER=0) or it declined (e.g. LD_PRELOAD differs): start it yourself.
+
+    `preload`: what the child will import, imported by the server first (once: later
+    children share it); by default torch, transformers and the demo models' families."""
     if not enabled(dict(env)):
         return None
     path = _OWN.socket_path()
     if path is None:
         return None
-    return request(path, argv, env, cwd or os.getcwd(), fds)
+    return request(path, argv, env, cwd or os.getcwd(), fds, preload)

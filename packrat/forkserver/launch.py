@@ -26,6 +26,7 @@ from pathlib import Path
 
 from packrat import settings
 from packrat.forkserver import enabled, write_shim
+from packrat.forkserver.server import BASE_PRELOAD, MODEL_PRELOAD
 from packrat.tslog import with_log_config
 
 _SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
@@ -62,8 +63,11 @@ def main(argv: list[str] | None = None) -> None:
         workers_nice = os.getpriority(os.PRIO_PROCESS, 0)
         if write_shim(shim, real_python, str(socket_path), worker_nice=workers_nice):
             # Started before the frontend is favoured: the workers it forks keep this nice.
+            # What every worker imports before the first fork, what only some need while idle.
             server = subprocess.Popen([real_python, "-m", "packrat.forkserver.server",
-                                       "--socket", str(socket_path), "--parent", str(os.getpid())])
+                                       "--socket", str(socket_path), "--parent", str(os.getpid()),
+                                       "--preload", ",".join(BASE_PRELOAD),
+                                       "--idle-preload", ",".join(MODEL_PRELOAD)])
             sys.executable = str(shim)
             print(f"packrat: {favour_frontend(settings.value('frontend_nice'))}", file=sys.stderr, flush=True)
         _run_torchserve(args)

@@ -5,6 +5,15 @@ does it beside TorchServe). One process, one thread, one select loop: forking a 
 with other threads could copy a lock some thread held. The socket is bound before the
 imports, so a worker that starts meanwhile waits in the backlog instead of falling back
 to a cold start. Requests come from shim.py; see its header for the protocol.
+
+Three kinds of preload (each module imported once, then gc.freeze()):
+- `--preload`: before the first fork (BASE_PRELOAD for TorchServe: what every worker imports);
+- `--idle-preload`: one module per idle select() round, so a request waits for one
+  module's import at most (MODEL_PRELOAD for TorchServe: what only some models need; a
+  worker forked before it is in imports what it needs itself, as a cold one does);
+- a request's own `preload` list: imported before that request is forked (the profiler's
+  server, client.py: it must not import while its workers are timed, and knows what the
+  archive it profiles needs).
 """
 
 from __future__ import annotations
@@ -22,24 +31,65 @@ import socket
 import struct
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 # What an eager worker spends its start on (imports measured on the 2-core EPYC:
-# torch ~1.3 s, transformers ~0.7 s, the model families' code ~2.4 s of CPU).
+# numpy + torch ~2.4 s, transformers ~1.4 s, the model families' code ~3 s of CPU).
 # Only third-party code: the handler and packrat_tasks come from each archive, and a
 # copy imported here would shadow the archive's own.
-PRELOAD = (
+# Every TorchServe worker imports these (its script imports ts.*, which imports torch and
+# numpy; the noop task needs nothing more): imported before the first fork.
+BASE_PRELOAD = (
     "numpy",
     "torch",
+    "ts.model_loader",
+    "ts.protocol.otf_message_handler",
+    "ts.async_service",
+)
+# What only some models need (an eager model, or a graph runtime's first export): imported
+# while idle, so a worker of a model that needs none of it does not wait for it.
+# transformers and modeling_utils come first as their own steps: the shortest ones.
+MODEL_PRELOAD = (
     "transformers",
+    "transformers.modeling_utils",
     "transformers.models.bert.modeling_bert",
     "transformers.models.distilbert.modeling_distilbert",
     "transformers.models.gpt2.modeling_gpt2",
     "transformers.models.resnet.modeling_resnet",
     "safetensors.torch",
-    "ts.model_loader",
-    "ts.protocol.otf_message_handler",
+    "tokenizers",
+    "PIL.Image",
 )
+PRELOAD = BASE_PRELOAD + MODEL_PRELOAD  # all of it
+# Runtimes whose workers load a built graph from the build cache, without transformers.
+_CACHED_RUNTIMES = ("onnxruntime", "openvino")
+
+
+def model_preload(config: Mapping[str, Any], archive_dir: str) -> tuple[str, ...]:
+    """What a worker of the archive at `archive_dir` (its model_config.yaml: `config`) imports
+    beyond numpy and torch to load its model: nothing for noop; the model family's code
+    (config.json's model_type) for a model built by transformers, unless its runtime loads
+    a graph from the build cache (the first worker, which builds it, imports transformers
+    itself); the tokenizer or PIL for text or images."""
+    section = config.get("packrat")
+    if not isinstance(section, Mapping) or section.get("task") in (None, "noop"):
+        return ()
+    task = section["task"]
+    modules = ["PIL.Image"] if task == "image-classification" else ["tokenizers"]
+    if task == "text-generation" or section.get("runtime", "eager") not in _CACHED_RUNTIMES:
+        modules += ["transformers", "transformers.modeling_utils"]
+        try:
+            model_config = Path(archive_dir, str(section.get("model_dir", "model")), "config.json")
+            family = str(json.loads(model_config.read_text()).get("model_type", "")).replace("-", "_")
+        except (OSError, ValueError, AttributeError):
+            family = ""
+        if family.isidentifier():
+            modules.append(f"transformers.models.{family}.modeling_{family}")
+        modules.append("safetensors.torch")
+    return tuple(modules)
 # Read by the dynamic loader or the interpreter when a process starts: a request whose
 # value differs from ours cannot be served by a fork (the shim then execs Python).
 STARTUP_ONLY_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONMALLOC")
@@ -51,6 +101,7 @@ _REQUEST_TIMEOUT_S = 10.0
 # Most descriptors one request may hand over (the shim sends stdin/stdout/stderr; the
 # profiler adds its result pipe).
 _MAX_FDS = 8
+_FAILED: set[str] = set()  # modules whose import failed here
 
 
 @dataclass
@@ -60,12 +111,17 @@ class WorkerRequest:
     env: dict[str, str]
     fds: list[int]
     targets: list[int]  # the descriptor number each of `fds` becomes in the child
+    preload: list[str] = field(default_factory=list)  # modules to import here before the fork
+
+
+def is_module_name(name: str) -> bool:
+    return bool(name) and all(part.isidentifier() for part in name.split("."))
 
 
 def decline_reason(argv: list[str], env: dict[str, str]) -> str | None:
     """Why a fork cannot stand in for `python <argv>` in `env`; None if it can."""
     if argv[:1] == ["-m"]:
-        if len(argv) < 2 or not argv[1].replace(".", "").replace("_", "").isalnum():
+        if len(argv) < 2 or not is_module_name(argv[1]):
             return "-m without a module name"
     elif not argv or not argv[0].endswith(".py") or not os.path.isfile(argv[0]):
         return "not a script file"
@@ -92,7 +148,10 @@ def _read_request(conn: socket.socket) -> WorkerRequest:
         targets = [int(t) for t in data.get("fd_targets", [0, 1, 2])]
         if len(targets) != len(fds) or len(set(targets)) != len(targets) or min(targets) < 0:
             raise ValueError(f"{len(fds)} descriptors for fd_targets {targets}")
-        return WorkerRequest(list(data["argv"]), str(data["cwd"]), dict(data["env"]), fds, targets)
+        preload = [str(m) for m in data.get("preload", [])]
+        if not all(is_module_name(m) for m in preload):
+            raise ValueError(f"preload names a non-module: {preload}")
+        return WorkerRequest(list(data["argv"]), str(data["cwd"]), dict(data["env"]), fds, targets, preload)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -111,8 +170,10 @@ def _send(conn: socket.socket, message: dict) -> None:
         pass  # the shim is gone; its child is killed when the connection reads EOF
 
 
-def serve(socket_path: str, parent_pid: int, preload: tuple[str, ...]) -> WorkerRequest:
-    """Serve until the parent exits (then exit); return only in a forked child, its request.
+def serve(socket_path: str, parent_pid: int, preload: tuple[str, ...],
+          idle_preload: tuple[str, ...] = ()) -> WorkerRequest:
+    """Serve until the parent exits or SIGTERM comes (then exit); return only in a forked
+    child, its request.
 
     Returning unwinds this loop in the child, which closes the listener, the selector
     and the other connections there; the parent's stay open.
@@ -123,18 +184,24 @@ def serve(socket_path: str, parent_pid: int, preload: tuple[str, ...]) -> Worker
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
+    # Stopping a server signals its whole process group: leave through `finally` (socket
+    # and directory removed) rather than die where the signal lands.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: _leave(signum, me))
     children: Children = {}
+    pending = list(idle_preload)  # imported one per idle round, after the first fork is possible
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener, \
             selectors.DefaultSelector() as selector:
         listener.bind(socket_path)
-        os.chmod(socket_path, 0o600)
-        listener.listen(64)
-        _preload(preload)
-        selector.register(listener, selectors.EVENT_READ)
-        selector.register(wake_r, selectors.EVENT_READ)
         try:
+            os.chmod(socket_path, 0o600)
+            listener.listen(64)
+            _preload(preload)
+            selector.register(listener, selectors.EVENT_READ)
+            selector.register(wake_r, selectors.EVENT_READ)
             while os.getppid() == parent_pid:
-                for key, _ in selector.select(timeout=1.0):
+                # Idle = nothing ready right now: then one module, and look again.
+                events = selector.select(timeout=0.0 if pending else 1.0)
+                for key, _ in events:
                     try:
                         request = _handle(key.fileobj, listener, wake_r, selector, children, me)
                     except Exception as exc:  # noqa: BLE001 - one bad event must not end the server
@@ -148,12 +215,39 @@ def serve(socket_path: str, parent_pid: int, preload: tuple[str, ...]) -> Worker
                         os.close(wake_r)
                         os.close(wake_w)
                         return request
+                if not events and pending:
+                    _import(pending.pop(0))
+                    if not pending:
+                        print(f"packrat fork server: imported {len(idle_preload)} more modules while idle",
+                              file=sys.stderr, flush=True)
         finally:
             if os.getpid() == me:
                 for pid in children.values():
                     _kill(pid, signal.SIGKILL)
-                os.unlink(socket_path)
+                _remove(socket_path)
     sys.exit(0)
+
+
+def _leave(signum: int, me: int) -> None:
+    if os.getpid() != me:  # a child between its fork and become_worker: die as it would have
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    sys.exit(128 + signum)
+
+
+def _remove(socket_path: str) -> None:
+    """Unlink the socket, and its directory where that is an empty packrat-fork-* one (the
+    profiler's server's own; launch.py's also holds the shim and removes it itself)."""
+    try:
+        os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+    directory = os.path.dirname(os.path.abspath(socket_path))
+    if os.path.basename(directory).startswith("packrat-fork-"):
+        try:
+            os.rmdir(directory)
+        except OSError:  # not empty, or gone already
+            pass
 
 
 def _handle(source: object, listener: socket.socket, wake_r: int, selector: selectors.BaseSelector,
@@ -171,19 +265,26 @@ def _handle(source: object, listener: socket.socket, wake_r: int, selector: sele
     return None
 
 
-def _preload(names: tuple[str, ...]) -> None:
+def _preload(names: tuple[str, ...] | list[str]) -> None:
+    started = time.process_time()
+    for name in names:
+        _import(name)
+    print(f"packrat fork server: ready, preloaded {len(names)} modules in "
+          f"{time.process_time() - started:.1f} s CPU", file=sys.stderr, flush=True)
+
+
+def _import(name: str) -> None:
     # numpy's OpenBLAS starts its pool at import; a worker sizes torch's pools itself
     # after pinning, and numpy does no BLAS work on the serving path.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    started = time.process_time()
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # a missing optional library: its workers import it themselves
-            print(f"packrat fork server: not preloaded {name}: {exc}", file=sys.stderr, flush=True)
+    if name in sys.modules or name in _FAILED:
+        return
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # a missing optional library: its workers import it themselves
+        _FAILED.add(name)  # said once (a request's own preload comes again with every fork)
+        print(f"packrat fork server: not preloaded {name}: {exc}", file=sys.stderr, flush=True)
     gc.freeze()  # keep the preloaded objects out of the children's collections: pages stay shared
-    print(f"packrat fork server: ready, preloaded {len(names)} modules in "
-          f"{time.process_time() - started:.1f} s CPU", file=sys.stderr, flush=True)
 
 
 def _accept(listener: socket.socket, selector: selectors.BaseSelector, children: Children,
@@ -198,6 +299,11 @@ def _accept(listener: socket.socket, selector: selectors.BaseSelector, children:
         conn.close()
         return None
     reason = decline_reason(request.argv, request.env)
+    if reason is None and request.preload:
+        # Imported here, before this fork: the caller would wait for the same imports in its
+        # child, and every later fork gets them free.
+        for name in request.preload:
+            _import(name)
     if reason is not None:
         _send(conn, {"exec": reason})
         for fd in request.fds:
@@ -326,13 +432,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--socket", required=True)
     parser.add_argument("--parent", type=int, required=True, help="exit when this process exits")
-    parser.add_argument("--preload", default=",".join(PRELOAD),
+    parser.add_argument("--preload", default=",".join(BASE_PRELOAD),
                         help="comma-separated modules to import before forking")
+    parser.add_argument("--idle-preload", default="",
+                        help="comma-separated modules to import one at a time while no request waits")
     args = parser.parse_args(argv)
     preload = tuple(m for m in args.preload.split(",") if m)
+    idle_preload = tuple(m for m in args.idle_preload.split(",") if m)
     # `-m` put our start directory first; a worker gets its script's directory there instead.
     base_path = sys.path[1:] if sys.path and sys.path[0] in ("", os.getcwd()) else list(sys.path)
-    become_worker(serve(args.socket, args.parent, preload), base_path)
+    become_worker(serve(args.socket, args.parent, preload, idle_preload), base_path)
 
 
 if __name__ == "__main__":

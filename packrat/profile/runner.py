@@ -48,6 +48,7 @@ from typing import Any
 from packrat.cores import usable_cores
 from packrat.errors import ConfigError, ProfileError
 from packrat.forkserver import client as forkserver_client
+from packrat.forkserver.server import model_preload
 from packrat.profile import contention
 from packrat.profile.fingerprint import current_fingerprint
 from packrat.profile.identity import ArchiveRef
@@ -59,6 +60,9 @@ DEFAULT_MAX_BATCH: int = SETTINGS["profile_max_batch"].default
 DEFAULT_POINT_BUDGET_S: float = SETTINGS["profile_point_budget_s"].default
 # The descriptor a forked worker writes its events to (a started one gets the pipe's own number).
 _RESULT_FD = 3
+# What every profiling worker imports (torch after pinning, numpy and scipy for its stop rule):
+# the fork server has it imported before its first fork (no thread pool started: see _pin).
+_WORKER_PRELOAD = ("numpy", "torch", "scipy.stats")
 
 
 @dataclass(frozen=True)
@@ -181,9 +185,14 @@ def run_worker(
     error: str | None = None
     try:
         with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+            # The fork server imports what this archive's worker needs (no transformers for
+            # noop) before it forks it, never while workers are timed: every request of a
+            # run names the same modules, and only the first imports them.
+            preload = _WORKER_PRELOAD + model_preload(job["config"], job["archive_dir"])
             proc: subprocess.Popen | forkserver_client.ForkedProcess | None = forkserver_client.spawn(
                 ["-m", "packrat.profile.worker", jf.name, str(_RESULT_FD)], env,
-                fds={0: devnull.fileno(), 1: log.fileno(), 2: log.fileno(), _RESULT_FD: write_fd})
+                fds={0: devnull.fileno(), 1: log.fileno(), 2: log.fileno(), _RESULT_FD: write_fd},
+                preload=preload)
             if proc is None:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "packrat.profile.worker", jf.name, str(write_fd)],
