@@ -90,6 +90,8 @@ def model_preload(config: Mapping[str, Any], archive_dir: str) -> tuple[str, ...
             modules.append(f"transformers.models.{family}.modeling_{family}")
         modules.append("safetensors.torch")
     return tuple(modules)
+
+
 # Read by the dynamic loader or the interpreter when a process starts: a request whose
 # value differs from ours cannot be served by a fork (the shim then execs Python).
 STARTUP_ONLY_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONMALLOC")
