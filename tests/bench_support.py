@@ -14,24 +14,22 @@ remove_model; packrat bench's unregister_all), so the next one finds the server 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from packrat.server import RunningServer, start_torchserve
+from serving_support import stop_in_background
 
 _server: RunningServer | None = None
 _users = 0
 
 
 @pytest.fixture(scope="session")
-def shared_torchserve() -> Iterator[RunningServer]:
+def shared_torchserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     global _server, _users
     if _server is None or not _server.is_running():
-        root = Path(tempfile.mkdtemp(prefix="packrat-bench-shared-"))
+        root = tmp_path_factory.mktemp("bench-shared")  # pytest's: removed with old sessions
         (root / "store").mkdir()
         # slot_dir None: the session's PACKRAT_SLOT_DIR, which the in-process controllers read.
         # Keys that outlive the session (TorchServe's default is 60 min).
@@ -42,10 +40,10 @@ def shared_torchserve() -> Iterator[RunningServer]:
     finally:
         _users -= 1
         if _users == 0 and _server is not None:
-            root = _server.workdir.parent
-            _server.stop()
-            _server = None
-            shutil.rmtree(root, ignore_errors=True)
+            server, _server = _server, None
+            # Off the tests' path: conftest's session fixture joins it (and checks its group
+            # is gone); its directory goes with the session's temp files.
+            stop_in_background(server)
 
 
 def no_models_left(server: RunningServer) -> list[str]:
