@@ -31,14 +31,20 @@ def build(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], con
     on = channels_last(module, example_inputs)
     runner.info["channels_last"] = on
     compiled = torch.compile(module, backend="inductor")
-    # One graph for every batch size: the batch dimension is symbolic, the rest
-    # (text padded to max_length, 224x224 images) static. Without this each new
-    # batch size recompiles (~1 min on 2 cores) in the middle of serving.
-    for t in example_inputs:
-        torch._dynamo.mark_dynamic(t, 0)
+    import torch.fx.experimental._config as fx_config
 
     def run(*tensors: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad(), ctx():
-            return compiled(*nhwc(tensors, on)).float()
+        xs = nhwc(tensors, on)
+        # One graph for every batch size, 1 included: the batch dimension is symbolic,
+        # the rest (text padded to max_length, 224x224 images) static. Marked on the
+        # tensors the graph is called with (nhwc() makes new ones for images), and
+        # size-oblivious so that dynamo does not specialise it on 0/1: otherwise the
+        # first batch of one recompiles after READY (tiny BERT: 6-9 s; any other new
+        # batch size ~1 min on 2 cores). Compiles happen inside calls, so the option
+        # is on for calls only, not for other compiles in the process.
+        for t in xs:
+            torch._dynamo.mark_dynamic(t, 0)
+        with torch.no_grad(), ctx(), fx_config.patch(backed_size_oblivious=True):
+            return compiled(*xs).float()
 
     return run
