@@ -358,7 +358,7 @@ def test_a_request_names_what_the_server_imports_before_forking_it(tmp_path) -> 
 
 
 def test_model_preload_names_what_the_archives_worker_imports(tmp_path) -> None:
-    from packrat.forkserver.server import model_preload
+    from packrat.profile.runner import model_preload
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))

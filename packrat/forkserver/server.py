@@ -31,10 +31,7 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 # What an eager worker spends its start on (imports measured on the 2-core EPYC:
 # numpy + torch ~2.4 s, transformers ~1.4 s, the model families' code ~3 s of CPU).
@@ -64,34 +61,6 @@ MODEL_PRELOAD = (
     "PIL.Image",
 )
 PRELOAD = BASE_PRELOAD + MODEL_PRELOAD  # all of it
-# Runtimes whose workers load a built graph from the build cache, without transformers.
-_CACHED_RUNTIMES = ("onnxruntime", "openvino")
-
-
-def model_preload(config: Mapping[str, Any], archive_dir: str) -> tuple[str, ...]:
-    """What a worker of the archive at `archive_dir` (its model_config.yaml: `config`) imports
-    beyond numpy and torch to load its model: nothing for noop; the model family's code
-    (config.json's model_type) for a model built by transformers, unless its runtime loads
-    a graph from the build cache (the first worker, which builds it, imports transformers
-    itself); the tokenizer or PIL for text or images."""
-    section = config.get("packrat")
-    if not isinstance(section, Mapping) or section.get("task") in (None, "noop"):
-        return ()
-    task = section["task"]
-    modules = ["PIL.Image"] if task == "image-classification" else ["tokenizers"]
-    if task == "text-generation" or section.get("runtime", "eager") not in _CACHED_RUNTIMES:
-        modules += ["transformers", "transformers.modeling_utils"]
-        try:
-            model_config = Path(archive_dir, str(section.get("model_dir", "model")), "config.json")
-            family = str(json.loads(model_config.read_text()).get("model_type", "")).replace("-", "_")
-        except (OSError, ValueError, AttributeError):
-            family = ""
-        if family.isidentifier():
-            modules.append(f"transformers.models.{family}.modeling_{family}")
-        modules.append("safetensors.torch")
-    return tuple(modules)
-
-
 # Read by the dynamic loader or the interpreter when a process starts: a request whose
 # value differs from ours cannot be served by a fork (the shim then execs Python).
 STARTUP_ONLY_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONMALLOC")

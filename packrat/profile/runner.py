@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,6 @@ from typing import Any
 from packrat.cores import usable_cores
 from packrat.errors import ConfigError, ProfileError
 from packrat.forkserver import client as forkserver_client
-from packrat.forkserver.server import model_preload
 from packrat.profile import contention
 from packrat.profile.fingerprint import current_fingerprint
 from packrat.profile.identity import ArchiveRef
@@ -63,6 +62,32 @@ _RESULT_FD = 3
 # What every profiling worker imports (torch after pinning, numpy and scipy for its stop rule):
 # the fork server has it imported before its first fork (no thread pool started: see _pin).
 _WORKER_PRELOAD = ("numpy", "torch", "scipy.stats")
+# Runtimes whose workers load a built graph from the build cache, without transformers.
+_CACHED_RUNTIMES = ("onnxruntime", "openvino")
+
+
+def model_preload(config: Mapping[str, Any], archive_dir: str) -> tuple[str, ...]:
+    """What a worker of the archive at `archive_dir` (its model_config.yaml: `config`) imports
+    beyond numpy and torch to load its model: nothing for noop; the model family's code
+    (config.json's model_type) for a model built by transformers, unless its runtime loads
+    a graph from the build cache (the first worker, which builds it, imports transformers
+    itself); the tokenizer or PIL for text or images."""
+    section = config.get("packrat")
+    if not isinstance(section, Mapping) or section.get("task") in (None, "noop"):
+        return ()
+    task = section["task"]
+    modules = ["PIL.Image"] if task == "image-classification" else ["tokenizers"]
+    if task == "text-generation" or section.get("runtime", "eager") not in _CACHED_RUNTIMES:
+        modules += ["transformers", "transformers.modeling_utils"]
+        try:
+            model_config = Path(archive_dir, str(section.get("model_dir", "model")), "config.json")
+            family = str(json.loads(model_config.read_text()).get("model_type", "")).replace("-", "_")
+        except (OSError, ValueError, AttributeError):
+            family = ""
+        if family.isidentifier():
+            modules.append(f"transformers.models.{family}.modeling_{family}")
+        modules.append("safetensors.torch")
+    return tuple(modules)
 
 
 @dataclass(frozen=True)
