@@ -499,7 +499,7 @@ def test_torchserve_workers_are_forked_and_scaled_down_with_their_shims(resnet_r
 
 
 @pytest.mark.torchserve
-def test_a_noop_worker_needs_no_model_import_and_a_stopped_server_leaves_no_directory(tiny_store, tmp_path) -> None:
+def test_the_fork_server_serves_after_the_base_imports_and_a_stopped_server_leaves_no_directory(tiny_store, tmp_path) -> None:
     """The fork server takes requests once every worker's imports are in (BASE_PRELOAD) and
     imports the models' libraries while idle; stop() (SIGTERM to the group) leaves no
     directory of it behind."""
