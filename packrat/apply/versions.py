@@ -27,13 +27,16 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
 from packrat.errors import ConfigError
 from packrat.profile.fingerprint import mode_from_config, split_mode
 from packrat.types import Plan
+
+if TYPE_CHECKING:
+    from packrat.apply.client import ManagementClient
 
 MANIFEST = Path("MAR-INF") / "MANIFEST.json"
 CONFIG = "model_config.yaml"
@@ -328,3 +331,31 @@ def remove_version(path: str | Path) -> None:
         else:
             shutil.rmtree(entry)  # MAR-INF, ours
     path.rmdir()
+
+
+def unregister_every_version(client: "ManagementClient", store: str | Path, model: str, keep: str | None = None,
+                             on_error: Callable[[str], None] | None = None) -> None:
+    """Unregister every version of `model` (the default last: TorchServe refuses it while
+    others exist) and delete the version directories they were served from, except `keep`
+    (the base archive's URL); a failed unregister goes to `on_error` (raised without one).
+    Nothing registered: nothing done."""
+    from packrat.errors import TorchServeError
+
+    try:
+        described = client.describe_all(model)
+    except TorchServeError:
+        return  # never registered, or gone already
+    try:
+        default = client.describe(model)["modelVersion"]
+    except TorchServeError:
+        default = None
+    for d in sorted(described, key=lambda d: d["modelVersion"] == default):
+        try:
+            client.unregister(model, d["modelVersion"])
+        except TorchServeError as exc:
+            if on_error is None:
+                raise
+            on_error(f"unregister {model} {d['modelVersion']} failed: {exc}")
+        path = Path(store) / d["modelUrl"]
+        if path.name != keep and (path / MANIFEST).exists() and load_version(path):
+            remove_version(path)

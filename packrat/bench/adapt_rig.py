@@ -216,20 +216,12 @@ class Rig:
 
 
 def remove_model(server: RunningServer, store: Path, name: str, base: bool = True) -> None:
-    """Every version of `name` unregistered (the default last: TorchServe refuses it while
-    others exist), the version directories removed from `store`, and the base archive
-    (a copy, or a link to one) too unless `base` is False."""
+    """Every version of `name` unregistered and its version directories removed from `store`
+    (also any left unregistered), and the base archive (a copy, or a link to one) too unless
+    `base` is False."""
     from packrat.apply import versions
-    from packrat.errors import TorchServeError
 
-    client = server.management_client()
-    try:
-        described = client.describe_all(name)
-        default = client.describe(name)["modelVersion"]
-    except TorchServeError:
-        described, default = [], None  # never registered, or gone already
-    for d in sorted(described, key=lambda d: d["modelVersion"] == default):
-        client.unregister(name, d["modelVersion"])
+    versions.unregister_every_version(server.management_client(), store, name, keep=name)
     for path in store.glob(f"{name}.*"):
         if (path / versions.MANIFEST).exists() and versions.load_version(path):
             versions.remove_version(path)  # its links only, never what they point at

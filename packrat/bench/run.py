@@ -457,27 +457,10 @@ class Bench:
                 "warnings": list(record.warnings)}
 
     def unregister_all(self, st: _State) -> None:
-        from packrat.apply import versions
-        from packrat.errors import TorchServeError
+        from packrat.apply.versions import unregister_every_version
 
-        client = self.client()
-        try:
-            described = client.describe_all(st.model)
-        except TorchServeError:
-            return
-        try:
-            default = client.describe(st.model)["modelVersion"]
-        except TorchServeError:
-            default = None
-        # The default version goes last: TorchServe refuses it while others exist.
-        for d in sorted(described, key=lambda d: d["modelVersion"] == default):
-            try:
-                client.unregister(st.model, d["modelVersion"])
-            except TorchServeError as exc:
-                self.note(f"unregister {st.model} {d['modelVersion']} failed: {exc}", model=st.model)
-            path = self.model_store / d["modelUrl"]
-            if path.name != st.base_url and (path / versions.MANIFEST).exists() and versions.load_version(path):
-                versions.remove_version(path)
+        unregister_every_version(self.client(), self.model_store, st.model, keep=st.base_url,
+                                 on_error=lambda msg: self.note(msg, model=st.model))
         st.registered = False
 
     # -- measuring ------------------------------------------------------------------
