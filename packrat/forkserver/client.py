@@ -29,13 +29,13 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from packrat.forkserver import enabled
+from packrat.forkserver.private_dir import make_private_dir
 from packrat.forkserver.server import PRELOAD
 
 # A request waits while the server imports what it names (torch and transformers: ~4-7 s CPU).
@@ -121,7 +121,7 @@ class _OwnServer:
 
     def _start(self) -> None:
         self.stop()
-        self._dir = Path(tempfile.mkdtemp(prefix="packrat-fork-", dir="/tmp"))  # short: sun_path
+        self._dir = make_private_dir("/tmp")  # short: sun_path
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         sock = self._dir / "sock"
         # No preload of its own: each request names its own (spawn's `preload`).

@@ -21,11 +21,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from packrat import settings
 from packrat.forkserver import enabled, write_shim
+from packrat.forkserver.private_dir import make_private_dir
 from packrat.forkserver.server import BASE_PRELOAD, MODEL_PRELOAD
 from packrat.tslog import with_log_config
 
@@ -50,10 +50,10 @@ def main(argv: list[str] | None = None) -> None:
     real_python = sys.executable
     # A short private directory: a unix socket path must fit in 108 bytes, and 0700
     # keeps other users from asking for a fork.
-    private = Path(tempfile.mkdtemp(prefix="packrat-fork-"))
+    private = make_private_dir()
     if len(str(private / "sock")) > _SOCKET_PATH_MAX:
         private.rmdir()
-        private = Path(tempfile.mkdtemp(prefix="packrat-fork-", dir="/tmp"))
+        private = make_private_dir("/tmp")
     socket_path = private / "sock"
     shim = private / "python"
     server = None
