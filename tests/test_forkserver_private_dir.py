@@ -29,6 +29,7 @@ def test_owner_pid_reads_only_the_new_names():
     assert owner_pid("packrat-fork-0-x") is None
     assert owner_pid("packrat-fork-12") is None
     assert owner_pid("other-123-abcd") is None
+    assert owner_pid("packrat-fork-99999999999999999999-x") is None  # beyond any pid_max
 
 
 def test_a_new_directory_removes_only_this_users_directories_whose_owner_is_gone(tmp_path):
@@ -46,12 +47,14 @@ def test_a_new_directory_removes_only_this_users_directories_whose_owner_is_gone
     link.symlink_to(target)
     a_file = tmp_path / f"packrat-fork-{dead}-file"
     a_file.write_text("kept")
+    huge = tmp_path / "packrat-fork-99999999999999999999-x"  # kill() would overflow on it
+    huge.mkdir()
 
     made = make_private_dir(tmp_path)
 
     assert not orphan.exists()
     assert live.is_dir() and unnamed.is_dir() and target.is_dir()
-    assert link.is_symlink() and a_file.read_text() == "kept"
+    assert link.is_symlink() and a_file.read_text() == "kept" and huge.is_dir()
     assert made.parent == tmp_path and owner_pid(made.name) == os.getpid()
     assert stat.S_IMODE(made.stat().st_mode) == 0o700
 

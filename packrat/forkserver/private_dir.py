@@ -9,7 +9,10 @@ SIGTERM. SIGKILL runs no handler: a controller or launcher killed -9 leaves its 
 behind (an empty socket). So whoever makes a new one first removes this user's
 directories whose owner pid no longer runs. The pid in the name is the only thing read;
 a directory without one (made before the pid was in the name), another user's, or a link
-is left alone.
+is left alone. A pid reused by another process keeps its directory (a leak, not a loss). The
+limit: the pid is read in this process's pid namespace, so two containers that share one
+/tmp as the same user could remove each other's live directories; give each its own
+TMPDIR (the launcher makes its directory there).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 PREFIX = "packrat-fork-"
+_PID_MAX = 2**22  # the kernel's limit on pid_max (PID_MAX_LIMIT on 64-bit)
 
 
 def owner_pid(name: str) -> int | None:
@@ -28,7 +32,8 @@ def owner_pid(name: str) -> int | None:
     if not name.startswith(PREFIX):
         return None
     pid, sep, _ = name[len(PREFIX):].partition("-")
-    return int(pid) if sep and pid.isdigit() and int(pid) > 0 else None
+    # Bounded: a pid the kernel cannot have (a name made by hand) is no owner, not an error.
+    return int(pid) if sep and pid.isdigit() and 0 < int(pid) <= _PID_MAX else None
 
 
 def _running(pid: int) -> bool:
