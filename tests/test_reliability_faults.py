@@ -262,6 +262,27 @@ def in_process(ctl: Ctl, settings: ControllerSettings, **kw) -> Iterator[Control
         ctl.start()
 
 
+def test_a_request_that_is_not_valid_http_gets_the_documented_400(stack) -> None:
+    """What the fuzzer found once (a Content-Length that is not a number): the HTTP server
+    refuses the request with a 400 before any route, so every route's spec lists 400 (the
+    fuzz test's status check would fail on it otherwise), and the controller answers on."""
+    import socket
+    from urllib.parse import urlsplit
+
+    _, ctl, _, _ = stack
+    where = urlsplit(ctl.url)
+    with socket.create_connection((where.hostname, where.port), timeout=30) as conn:
+        conn.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0S7C\r\n\r\n")
+        status_line = conn.recv(4096).split(b"\r\n", 1)[0]
+    assert status_line.startswith(b"HTTP/1.1 400"), status_line
+    spec = requests.get(f"{ctl.url}/openapi.json", timeout=30).json()
+    operations = [(method, path, op) for path, ops in spec["paths"].items() if path.startswith("/v1/")
+                  for method, op in ops.items()]
+    assert len(operations) >= 11
+    assert [(m, p) for m, p, op in operations if "400" not in op["responses"]] == []
+    assert ctl.get("/healthz").status_code == 200
+
+
 def test_tick_survives_any_exception(stack, tmp_path: Path) -> None:
     box, ctl, store, _ = stack
     calls = []

@@ -15,7 +15,9 @@ from fastapi import FastAPI
 from packrat.api.requests import MAX_BATCH, MAX_BODY_BYTES, MAX_LAST, MAX_PROFILE_BUDGET_S
 
 ERROR_DESCRIPTIONS = {
-    400: "the request body cannot be decoded (not UTF-8 JSON text)",
+    400: "the request body cannot be decoded (not UTF-8 JSON text), or the request is not valid HTTP (a "
+         "malformed header such as a Content-Length that is not a number: refused by the HTTP server "
+         "before any route, on every route)",
     401: "missing or wrong token",
     404: "unknown model, job or profile",
     409: "busy (a swap, or a job of this kind, is running), the re-plan loop is not running, the model "
@@ -65,7 +67,8 @@ UNPROCESSABLE: dict[str, Any] = {
 
 
 def document_errors(app: FastAPI) -> None:
-    """Put each /v1 route's error statuses into the spec (401 and 503: the token gate's)."""
+    """Put each /v1 route's error statuses into the spec (401 and 503: the token gate's; 400 on
+    every route too: the HTTP server refuses a request that is not valid HTTP before any route)."""
     from fastapi.dependencies.utils import get_flat_params
     from fastapi.routing import APIRoute
 
@@ -73,7 +76,7 @@ def document_errors(app: FastAPI) -> None:
         if not isinstance(route, APIRoute) or not route.path.startswith("/v1/"):
             continue
         for method in route.methods:
-            for code in (401, 503, *ERROR_STATUSES.get((method, route.path), OTHER_ERRORS)):
+            for code in (400, 401, 503, *ERROR_STATUSES.get((method, route.path), OTHER_ERRORS)):
                 route.responses.setdefault(code, {"description": ERROR_DESCRIPTIONS[code]})
         if route.body_field is not None or get_flat_params(route.dependant):
             route.responses[422] = UNPROCESSABLE  # where FastAPI would document its own
