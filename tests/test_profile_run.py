@@ -172,6 +172,36 @@ def test_failing_handler_is_one_line_error(tmp_path):
     assert "no weights here" in res.stderr.strip().splitlines()[-1]
 
 
+def test_a_run_without_a_log_path_keeps_its_scratch_log_only_when_it_fails(tmp_path, monkeypatch):
+    """No log path given (the controller's re-profile before, a bench): the workers' output
+    went to /tmp/packrat-profile-<pid>.log and stayed there after every run (132 such files
+    piled up in 13 hours of test runs). Now a success removes it; a failure keeps it and names it."""
+    import tempfile
+
+    from packrat.errors import ProfileError
+    from packrat.profile import ProfileSettings, run_profile
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    archive = make_tiny_archive(tmp_path / "tiny")
+    settings = ProfileSettings(cores=1, max_batch=1, point_budget_s=0.3, corun=False)
+    profile = run_profile(open_archive(archive), settings, progress=False)
+    assert len(profile.points) == 1
+    assert list(scratch.iterdir()) == []
+
+    src = (archive / "packrat_handler.py").read_text()
+    (archive / "packrat_handler.py").write_text(src.replace(
+        "def load_task(model_dir, model_yaml_config):",
+        "def load_task(model_dir, model_yaml_config):\n    raise ValueError('no weights here')"))
+    with pytest.raises(ProfileError) as failed:
+        run_profile(open_archive(archive), settings, progress=False)
+    kept = list(scratch.iterdir())
+    assert len(kept) == 1 and kept[0].name.startswith(f"packrat-profile-{os.getpid()}-")
+    assert str(kept[0]) in str(failed.value)
+    assert "no weights here" in kept[0].read_text()
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

@@ -168,6 +168,7 @@ def _a_profile_through_rest_times_the_traffics_sizes(server, ctl, st: ModelState
         time.sleep(1.0)
     assert state["state"] == "done", state
     profile = json.loads(Path(state["result"]["profile_path"]).read_text())
+    assert Path(state["result"]["profile_path"]).with_suffix(".log").is_file()  # beside it, not in /tmp
     assert [tuple(pair) for pair in profile["settings"]["sizes"]] == list(expected)  # the label
     assert profile["settings"]["sizes_by_batch"] == [[2, [list(pair) for pair in by_batch[0][1]]]]
     assert [(p["batch"], p["meta"]["sizes"]) for p in profile["points"]] == [(1, dict(expected)),

@@ -365,7 +365,8 @@ def start_profile(opts: Options, dest: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     settings = ProfileSettings(cores=len(usable_cores().cores), max_batch=opts.profile_max_batch,
                                budget_s=opts.profile_budget_s, sizes=START_SIZES)
-    save_profile(run_profile(open_archive(opts.model_dir), settings, progress=False), dest)
+    save_profile(run_profile(open_archive(opts.model_dir), settings, progress=False,
+                             log_path=dest.with_suffix(".log")), dest)
     return {"start_profile": "measured", "made_at": dict(START_SIZES), "took_s": round(time.monotonic() - t0, 1)}
 
 

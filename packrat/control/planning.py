@@ -160,7 +160,7 @@ class Planner:
         out = profile_file(self.state_dir, st.model, mode_from_config(archive.config))
 
         def run() -> dict[str, Any]:
-            prof = run_profile(archive, settings, progress=False)
+            prof = run_profile(archive, settings, progress=False, log_path=out.with_suffix(".log"))
             save_profile(prof, out)
             done = {"profile_path": str(out), "points": len(prof.points)}
             return {**done, **then(prof)} if then is not None else done

@@ -260,10 +260,18 @@ def run_profile(
 ) -> Profile:
     """Profile `archive` on this machine. `on_update` gets the partial profile after every point;
     `on_event` every worker event as it arrives ({"event": "ready" | "start" | "point" |
-    "omitted", "threads": t, ...}): "ready" means the mode loaded and passed its accuracy guard."""
+    "omitted", "threads": t, ...}): "ready" means the mode loaded and passed its accuracy guard.
+    The workers' output is appended to `log_path`; without one it goes to a new temporary file
+    that is removed when the run succeeds and kept (the ProfileError names it) when it fails."""
     cores = list(usable_cores().cores)  # affinity ∩ cgroup cpuset, quota cap, $PACKRAT_CORES
     settings.validate(len(cores))
-    log = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"packrat-profile-{os.getpid()}.log"
+    if log_path:
+        log, scratch = Path(log_path), False
+        log.parent.mkdir(parents=True, exist_ok=True)
+    else:
+        fd, name = tempfile.mkstemp(prefix=f"packrat-profile-{os.getpid()}-", suffix=".log")
+        os.close(fd)
+        log, scratch = Path(name), True
     run = _Run(archive, settings, cores, log, on_update, on_event)
     bar = _Progress(len(run.pending) + len(run.corun_pending), progress,
                     desc=f"profile {archive.model_name} ({settings.scope})")
@@ -274,6 +282,8 @@ def run_profile(
             run.corun_shape(k, bar)
     finally:
         bar.close()
+    if scratch:  # a success's output is not kept where no one asked for it
+        log.unlink(missing_ok=True)
     return run.snapshot(complete=True)
 
 
