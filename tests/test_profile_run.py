@@ -202,6 +202,37 @@ def test_a_run_without_a_log_path_keeps_its_scratch_log_only_when_it_fails(tmp_p
     assert "no weights here" in kept[0].read_text()
 
 
+def test_a_runner_killed_mid_profile_leaves_no_job_file(tmp_path):
+    """The job file is read by its worker and removed by it at once: before, a runner killed
+    -9 (no handler runs; tests end controllers that way) left /tmp/tmp*.json behind each time."""
+    import signal
+
+    archive = make_tiny_archive(tmp_path / "tiny")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    script = (
+        "import sys\n"
+        "from packrat.profile import ProfileSettings, open_archive, run_profile\n"
+        "settings = ProfileSettings(cores=1, max_batch=1, point_budget_s=60, corun=False)\n"
+        "run_profile(open_archive(sys.argv[1]), settings, progress=False,\n"
+        "            on_event=lambda ev: print(ev['event'], flush=True))\n"
+    )
+    runner = subprocess.Popen([sys.executable, "-c", script, str(archive)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(scratch)}, start_new_session=True)
+    try:
+        for line in runner.stdout:  # "start": the worker has read its job and times its point
+            if line.strip() == "start":
+                break
+        else:
+            pytest.fail(f"the profile ended before its point started: rc {runner.wait()}")
+        os.killpg(runner.pid, signal.SIGKILL)  # the runner, its fork server and the worker
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait()
+    assert list(scratch.glob("*.json")) == [], sorted(p.name for p in scratch.iterdir())
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

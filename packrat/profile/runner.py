@@ -203,7 +203,8 @@ def run_worker(
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(job["threads"])  # also set by the worker, before torch
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # don't write __pycache__ into the archive directory
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as jf:
+    with tempfile.NamedTemporaryFile("w", prefix=f"packrat-profile-job-{os.getpid()}-", suffix=".json",
+                                     delete=False) as jf:
         # The worker's budget runs from now, not from when it got going: a fork waits
         # for the fork server's imports the first time, a new interpreter for its own.
         json.dump({**job, "issued_monotonic": time.monotonic()}, jf)

@@ -280,7 +280,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print("usage: python -m packrat.profile.worker JOB.json RESULT_FD", file=sys.stderr)
         return 2
-    job = json.loads(Path(argv[1]).read_text())
+    job_file = Path(argv[1])
+    job = json.loads(job_file.read_text())
+    # Read once, by this worker only: removed now, not only by the runner when the worker ends,
+    # so a runner killed -9 meanwhile (no handler runs) leaves no job file in /tmp.
+    job_file.unlink(missing_ok=True)
     report = _Reporter(int(argv[2]))
     try:
         run_job(job, report)
