@@ -15,6 +15,7 @@ import base64
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,9 +62,14 @@ class PeerServer:
         # The served level's body and content type, base64 in JSON (peer_server says why).
         self.body = json.dumps({"body_b64": base64.b64encode(body).decode(), "content_type": ctype}).encode()
         self.log_path = workdir / "peer.log"
+        # Its temporary files in its own directory: the multiprocessing Manager's socket
+        # directory (pymp-*) outlives the peer's group when stop() kills it.
+        self.tmp = workdir / "tmp"
+        self.tmp.mkdir(exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "packrat.bench.peer_server", str(workdir / "job.json")],
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env={**os.environ, "TMPDIR": str(self.tmp)})
         try:
             self._wait_ready(ready_timeout_s)
         except BaseException:
@@ -147,7 +153,9 @@ class PeerServer:
         while time.monotonic() < deadline:
             self.proc.poll()  # reap the launcher so it stops counting as alive
             if not group_members(self.proc.pid):
-                return
+                break
             time.sleep(0.2)
-        self._signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
+        else:
+            self._signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        shutil.rmtree(self.tmp, ignore_errors=True)
