@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
-from packrat.errors import ConfigError
+from packrat.errors import ConfigError, TorchServeError
 from packrat.profile.fingerprint import mode_from_config, split_mode
 from packrat.types import Plan
 
@@ -339,8 +339,6 @@ def unregister_every_version(client: "ManagementClient", store: str | Path, mode
     others exist) and delete the version directories they were served from, except `keep`
     (the base archive's URL); a failed unregister goes to `on_error` (raised without one).
     Nothing registered: nothing done."""
-    from packrat.errors import TorchServeError
-
     try:
         described = client.describe_all(model)
     except TorchServeError:

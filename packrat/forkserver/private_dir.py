@@ -37,12 +37,14 @@ def owner_pid(name: str) -> int | None:
 
 
 def _running(pid: int) -> bool:
+    """Whether a process with this pid runs (another user's too: kill() then raises
+    PermissionError, which says it exists)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:
+        pass
     return True
 
 
