@@ -318,7 +318,7 @@ def python_for(uid: int) -> str:
 def http_stand_in(answer) -> Iterator[tuple[str, list[tuple[str, str, str | None]]]]:
     """A stand-in server on a free loopback port for what a CLI command asks (the controller,
     or another server on its port): `answer(method, path)` gives (status, content type,
-    body). Yields (its URL, the requests it got as (method, path, Authorization header));
+    body) and optionally a dict of further headers. Yields (its URL, the requests it got as (method, path, Authorization header));
     stopped on leaving, also on failure."""
     import http.server
 
@@ -328,9 +328,11 @@ def http_stand_in(answer) -> Iterator[tuple[str, list[tuple[str, str, str | None
         def _answer(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             asked.append((self.command, self.path, self.headers.get("Authorization")))
-            status, content_type, body = answer(self.command, self.path)
+            status, content_type, body, *more = answer(self.command, self.path)
             self.send_response(status)
             self.send_header("Content-Type", content_type)
+            for name, value in (more[0] if more else {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

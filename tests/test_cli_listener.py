@@ -87,6 +87,34 @@ def test_cli_says_plainly_when_nothing_or_something_else_answers(tmp_path: Path)
                    "controller's answer (no JSON; text/html)" in r.stderr, r.stderr
 
 
+def test_the_key_goes_to_the_controller_only_not_to_a_proxy_or_a_redirect(tmp_path: Path) -> None:
+    """An HTTP proxy named in the environment got the management key for a loopback URL (requests
+    sent every call through it); a redirect would carry the key to where it points. The CLI
+    goes straight to the listener it checked and follows no redirect."""
+    key_file = tmp_path / "key_file.json"
+    key_file.write_text(json.dumps({k: {"key": f"{KEY}-{k}"} for k in ("inference", "management", "API")}))
+    status = {"model": "m", "version": "p1", "mode": "fp32-eager", "plan": None, "tune": None}
+
+    def controller(method: str, path: str) -> tuple[int, str, bytes]:
+        body = [{"model": "m"}] if path == "/v1/models" else status
+        return 200, "application/json", json.dumps(body).encode()
+
+    with http_stand_in(controller) as (url, asked), \
+            http_stand_in(lambda method, path: (502, "text/plain", b"proxy")) as (proxy, proxied):
+        r = subprocess.run([sys.executable, "-m", "packrat.cli", "status", "--api", url, "--key-file", str(key_file)],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "HTTP_PROXY": proxy, "http_proxy": proxy, "NO_PROXY": "", "no_proxy": ""})
+        assert r.returncode == 0 and "fp32-eager" in r.stdout, r.stderr
+        assert proxied == [] and [(m, p) for m, p, _ in asked] == [("GET", "/v1/models"), ("GET", "/v1/models/m/status")]
+        assert all(key == f"Bearer {KEY}-management" for _, _, key in asked)
+
+        with http_stand_in(lambda method, path: (307, "text/html", b"moved", {"Location": f"{url}{path}"})) as (other, _):
+            asked.clear()
+            r = _status(other, key_file)
+        assert r.returncode == 1 and f"HTTP 307 from {other}/v1/models is not the controller's answer" in r.stderr, r.stderr
+        assert asked == []  # the redirect's target never saw the request, nor the key
+
+
 def test_apply_waits_while_another_swap_runs_then_applies(tmp_path: Path) -> None:
     """`packrat apply` answered busy (409 BusyError: a tune's swap runs) asks again once a
     second within --wait, saying so once, and applies; with --wait 0 the 409 is the answer.

@@ -7,6 +7,7 @@ time (keys expire hourly), and goes only to a listener of the caller's own user
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,11 @@ def call(method: str, url: str, key_file: Path, body: Any = None, timeout_s: flo
 
 def _ask(method: str, url: str, key_file: Path, body: Any, timeout_s: float) -> tuple[int, Any]:
     """(status, JSON answer) of one request; exits (1) where there is no answer or it is not JSON."""
-    import requests
+    # The standard library's client, not requests: a `packrat status` is mostly start-up, and
+    # importing requests was a large part of it (docs/benchmarks/cli-cost-status-urllib.md).
+    import urllib.error
+    import urllib.request
+    from http.client import HTTPException
 
     from packrat.listener import untrusted_listener
 
@@ -91,22 +96,50 @@ def _ask(method: str, url: str, key_file: Path, body: Any, timeout_s: float) -> 
         typer.echo(f"error: {refused}. Another user may have taken the controller's port while it was "
                    "down: stop that process and start `packrat controller`.", err=True)
         raise typer.Exit(1)
+    headers = {**_headers(key_file), "Accept": "application/json"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
-        r = requests.request(method, url, json=body, headers=_headers(key_file), timeout=timeout_s)
-    except requests.RequestException as exc:
-        typer.echo(f"error: the controller at {url} does not answer ({root_cause(exc)}); is `packrat controller` "
+        with _opener(url).open(request, timeout=timeout_s) as r:
+            status, ctype, raw = r.status, r.headers.get("Content-Type"), r.read()
+    except urllib.error.HTTPError as exc:  # an error status is still the server's answer
+        with exc:
+            status, ctype, raw = exc.code, exc.headers.get("Content-Type"), exc.read()
+    except (urllib.error.URLError, OSError, HTTPException) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        typer.echo(f"error: the controller at {url} does not answer ({root_cause(reason)}); is `packrat controller` "
                    "running?", err=True)
         raise typer.Exit(1) from None
     try:
-        answer = r.json()
+        answer = json.loads(raw)
     except ValueError:
         answer = None
     if not isinstance(answer, (dict, list)):  # another server on the controller's port, say
-        typer.echo(f"error: HTTP {r.status_code} from {url} is not the controller's answer (no JSON; "
-                   f"{r.headers.get('Content-Type') or 'no content type'}): does another server listen there?",
-                   err=True)
+        typer.echo(f"error: HTTP {status} from {url} is not the controller's answer (no JSON; "
+                   f"{ctype or 'no content type'}): does another server listen there?", err=True)
         raise typer.Exit(1)
-    return r.status_code, answer
+    return status, answer
+
+
+def _opener(url: str) -> "urllib.request.OpenerDirector":
+    """No redirect followed: the controller never redirects, so a 3xx is another server's
+    answer, and following it would carry the management key to wherever it points. A
+    loopback URL goes straight to the listener that untrusted_listener() checked, never
+    through an HTTP proxy named in the environment (which would then receive the key);
+    another host's the way the environment says (a proxy, say)."""
+    import urllib.request
+
+    from packrat.listener import loopback
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    proxies = urllib.request.ProxyHandler({}) if loopback(url) else urllib.request.ProxyHandler()
+    return urllib.request.build_opener(proxies, NoRedirect())
 
 
 def shape_text(plan: dict[str, Any] | None) -> str:
