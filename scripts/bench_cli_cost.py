@@ -15,7 +15,6 @@ import argparse
 import http.server
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -24,6 +23,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from packrat.bench.machine import describe_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["bert-base", "gpt2", "minilm", "resnet50", "noop"]
@@ -67,13 +68,6 @@ def one_call(tree: Path, api: str, key_file: Path, env: dict[str, str]) -> tuple
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a", required=True, help="commit A (the one before)")
@@ -113,7 +107,7 @@ def main() -> int:
     lines = [
         f"# `packrat status` cost: {args.name}",
         "",
-        f"{cpu_name()}, {os.cpu_count()} cores; {started}; "
+        f"{describe_machine().label}, {len(os.sched_getaffinity(0))} cores; {started}; "
         f"`python scripts/bench_cli_cost.py --a {args.a} --b {args.b} --rounds {args.rounds} --name {args.name}`.",
         f"A = {commits['A']}, B = {commits['B']}; {args.rounds} rounds of A B B A, {2 * args.rounds} calls each, "
         f"against a stand-in controller answering {len(MODELS)} models (six requests a call).",
