@@ -104,11 +104,19 @@ def main() -> int:
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
             server.shutdown()
     med = {side: statistics.median(cpu[side]) for side in cpu}
+    command = (f"python scripts/bench_cli_cost.py --a {args.a} --b {args.b} --rounds {args.rounds} "
+               f"--name {args.name}")
     lines = [
+        "---",
+        f"date: {started}",
+        f"machine: {describe_machine().label}, {len(os.sched_getaffinity(0))} cores",
+        f"command: {command}",
+        f"figures: B/A CPU a packrat status call {med['B'] / med['A']:.2f} "
+        f"(A {med['A'] * 1000:.0f} ms, B {med['B'] * 1000:.0f} ms, medians)",
+        "---",
+        "",
         f"# `packrat status` cost: {args.name}",
         "",
-        f"{describe_machine().label}, {len(os.sched_getaffinity(0))} cores; {started}; "
-        f"`python scripts/bench_cli_cost.py --a {args.a} --b {args.b} --rounds {args.rounds} --name {args.name}`.",
         f"A = {commits['A']}, B = {commits['B']}; {args.rounds} rounds of A B B A, {2 * args.rounds} calls each, "
         f"against a stand-in controller answering {len(MODELS)} models (six requests a call).",
         "",
