@@ -43,6 +43,7 @@ from pathlib import Path
 import requests
 
 from packrat import forkserver, settings
+from packrat.apply.client import session_for
 from packrat.apply.keys import KEY_FILE_NAME, Keys, read_keys
 from packrat.errors import ServerError, TorchServeError
 from packrat.tslog import with_log_config
@@ -511,26 +512,26 @@ def _wait_healthy(server: RunningServer, timeout_s: float, since: Mapping[str, i
     lines begin in each log (_log_sizes), the tail a failure shows."""
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
-    while time.monotonic() < deadline:
-        if not server.is_running():
-            raise ServerError(f"TorchServe exited during start-up\n{_log_tail(server.workdir, 60, since)}")
-        # In 0.12 /ping itself needs the inference token (HTTP 400 without it),
-        # and key_file.json appears only once the frontend is up.
-        if not (server.workdir / "key_file.json").exists():
+    # Not through a proxy named in the environment: the ping carries the inference key.
+    with session_for(server.inference_url) as session:
+        while time.monotonic() < deadline:
+            if not server.is_running():
+                raise ServerError(f"TorchServe exited during start-up\n{_log_tail(server.workdir, 60, since)}")
+            # In 0.12 /ping itself needs the inference token (HTTP 400 without it),
+            # and key_file.json appears only once the frontend is up.
+            if not (server.workdir / "key_file.json").exists():
+                time.sleep(0.3)
+                continue
+            try:
+                r = session.get(f"{server.inference_url}/ping", headers=server.inference_headers(), timeout=2)
+                if r.status_code == 200 and r.json().get("status") == "Healthy":
+                    if _started(server, since["torchserve.out"]):
+                        return
+                    last = "ping healthy, waiting for 'Model server started.'"
+                else:
+                    last = f"HTTP {r.status_code}: {r.text[:200]}"
+            except (requests.RequestException, ValueError, TorchServeError) as exc:
+                last = str(exc)
             time.sleep(0.3)
-            continue
-        try:
-            r = requests.get(
-                f"{server.inference_url}/ping", headers=server.inference_headers(), timeout=2
-            )
-            if r.status_code == 200 and r.json().get("status") == "Healthy":
-                if _started(server, since["torchserve.out"]):
-                    return
-                last = "ping healthy, waiting for 'Model server started.'"
-            else:
-                last = f"HTTP {r.status_code}: {r.text[:200]}"
-        except (requests.RequestException, ValueError, TorchServeError) as exc:
-            last = str(exc)
-        time.sleep(0.3)
     raise ServerError(f"{server.inference_url}/ping not healthy after {timeout_s:.0f}s ({last})\n"
                       f"{_log_tail(server.workdir, 60, since)}")

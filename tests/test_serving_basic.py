@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from packrat.server import start_torchserve
-from serving_support import ensure_registered, process_alive, start_server
+from serving_support import ensure_registered, http_stand_in, process_alive, start_server, stop_in_background
 
 pytestmark = pytest.mark.torchserve
 
@@ -146,3 +146,17 @@ def test_worker_claims_its_slot_before_serving(torchserve, tiny_store) -> None:
             torchserve.management_client().unregister(name, "1.0")
     finally:
         shutil.rmtree(tiny_store / name, ignore_errors=True)
+
+
+def test_the_start_pings_torchserve_directly_not_through_a_proxy(tmp_path, monkeypatch) -> None:
+    """The start's /ping carries the inference key: an HTTP proxy named in the environment got
+    it (and a proxy that cannot reach this loopback left the start waiting until its timeout)."""
+    (tmp_path / "store").mkdir()
+    with http_stand_in(lambda method, path: (502, "text/plain", b"a proxy")) as (proxy, proxied):
+        for name in ("HTTP_PROXY", "http_proxy"):
+            monkeypatch.setenv(name, proxy)
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        server = start_server(tmp_path / "store", tmp_path / "ts", timeout_s=60)
+        stop_in_background(server)
+    assert proxied == []

@@ -37,9 +37,9 @@ DEFAULT_EXPIRY_MARGIN_S = 2.0
 
 def session_for(url: str) -> requests.Session:
     """A kept-alive session for calls to `url`. To a loopback address without requests'
-    look-ups of the proxy variables and ~/.netrc (trust_env off): they cost ~0.3 ms of CPU a
-    call, the controller makes a few calls a second (issue 35 item 4), and no proxy reaches
-    this machine's loopback anyway."""
+    look-ups of the proxy variables and ~/.netrc (trust_env off): a proxy named in the
+    environment would receive TorchServe's keys with every call, and the look-ups cost
+    ~0.3 ms of CPU a call where the controller makes a few calls a second (issue 35 item 4)."""
     session = requests.Session()
     session.trust_env = not loopback(url)
     return session
