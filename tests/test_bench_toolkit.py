@@ -134,6 +134,23 @@ def test_the_checker_sees_a_path_edit_and_an_import_from_tests(tmp_path: Path) -
     assert "fuzz_support" in _imports(tree)
 
 
+def _keyed_plain_requests(tree: ast.AST) -> list[int]:
+    """Lines of `requests.get/post/put/delete/request(..., headers=...)` calls in `tree`."""
+    return [n.lineno for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+            and n.func.value.id == "requests" and n.func.attr in ("get", "post", "put", "delete", "request")
+            and any(k.arg == "headers" for k in n.keywords)]
+
+
+def test_a_key_goes_through_a_session_that_ignores_proxies_for_loopback() -> None:
+    # requests' module functions honour HTTP_PROXY for 127.0.0.1 too: a proxy named in the
+    # environment would receive TorchServe's keys. Calls with headers (a key) go through
+    # packrat.apply.client.session_for, which goes straight to a loopback address.
+    found = {_rel(p): lines for p in PACKRAT if (lines := _keyed_plain_requests(ast.parse(p.read_text())))}
+    assert found == {}
+    assert _keyed_plain_requests(ast.parse("requests.get(u, headers=h)\nrequests.get(u)\ns.post(u, headers=h)\n")) == [1]
+
+
 _HTTP_CLIENT = re.compile(r"requests\.Session\(|PoolManager\(|HTTPConnectionPool\(|http\.client|ThreadPoolExecutor\(")
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import requests
 
 from packrat import settings as packrat_settings
+from packrat.apply.client import session_for
 from packrat.apply.swap import proc_cpu_ticks
 from packrat.bench.adapt_rig import free_port, sleep_table, table_profile
 from packrat.bench.loadgen import Target, closed_loop
@@ -71,7 +72,8 @@ def _poll_status(url: str, headers: dict[str, str], stop: threading.Event, count
     while not stop.wait(STATUS_POLL_S):
         for m in MODELS:
             try:
-                requests.get(f"{url}/v1/models/{m}/status", headers=headers, timeout=30)
+                with session_for(url) as direct:  # a new connection each, as before; never via a proxy
+                    direct.get(f"{url}/v1/models/{m}/status", headers=headers, timeout=30)
                 counts[0] += 1
             except requests.RequestException:
                 counts[1] += 1

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from packrat.apply.client import session_for
 from packrat.archive import ArchiveOptions, build_named
 from packrat.bench.fuzz import DOCUMENTED, FORM_TYPES, TASKS, Fuzz, good_request, requests_for  # shared with the CI fuzz test
 from packrat.bench.handler_code import handler_module
@@ -94,8 +95,9 @@ class Campaign:
         headers = dict(self.headers, **kwargs.get("headers", {}))
         start = time.perf_counter()
         try:
-            r = requests.post(f"{self.server.inference_url}/predictions/{model}", data=kwargs["body"],
-                              headers=headers, timeout=300)
+            with session_for(self.server.inference_url) as direct:  # never via a proxy: the key
+                r = direct.post(f"{self.server.inference_url}/predictions/{model}", data=kwargs["body"],
+                                headers=headers, timeout=300)
             return r.status_code, r.text[:300], time.perf_counter() - start
         except requests.RequestException as exc:  # a dropped connection counts as a failure
             return -1, repr(exc)[:300], time.perf_counter() - start

@@ -14,8 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
+from packrat.apply.client import session_for
 from packrat.apply.swap import SwapSettings, Swapper
 from packrat.bench.loadgen import ContinuousLoad, Sample, in_windows, latency_summary
 from packrat.bench.machine import describe_machine
@@ -69,7 +68,8 @@ def _swap_under_load(model: str, swaps: int, clients: int, steady_s: float) -> _
         client = server.management_client()
         client.register(model, model, 1)
         url = f"{server.inference_url}/predictions/{model}"
-        refs = [requests.post(url, data=t, headers=server.inference_headers(), timeout=120).content for t in texts]
+        with session_for(url) as direct:  # never via a proxy: the key
+            refs = [direct.post(url, data=t, headers=server.inference_headers(), timeout=120).content for t in texts]
         swapper = Swapper(client, store, cores=[0, 1], settings=SwapSettings())
         # Get off the plain version first (not measured: it is a different starting shape).
         swapper.apply(model, FAT)

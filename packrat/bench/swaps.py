@@ -19,9 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
 from packrat import forkserver
+from packrat.apply.client import session_for
 from packrat.apply.swap import SwapSettings, Swapper
 from packrat.bench.handler_code import handler_module
 from packrat.bench.loadgen import ContinuousLoad, Sample, in_windows, latency_summary
@@ -166,7 +165,8 @@ def run_mode(server: RunningServer, swapper: Swapper, model: str, mode: str, sto
     thin, fat = thin_and_fat(mode)
     shutil.rmtree(store / ".packrat-build-cache", ignore_errors=True)  # cold: nothing built yet
     data = bodies(model)
-    refs = [top(requests.post(url, data=b, headers=server.inference_headers(), timeout=300).content) for b in data]
+    with session_for(url) as direct:  # never via a proxy: the key
+        refs = [top(direct.post(url, data=b, headers=server.inference_headers(), timeout=300).content) for b in data]
     changed: list[int] = []
 
     def same(i: int, body: bytes) -> bool:

@@ -52,9 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from packrat import settings as packrat_settings
+from packrat.apply.client import session_for
 from packrat.bench.adapt_rig import free_port
 from packrat.bench.controller_cost import _controller_cmd, _wait_healthy
 from packrat.bench.loadgen import ContinuousLoad, latency_summary
@@ -171,7 +170,8 @@ class Serving:
     sent: dict[str, dict[str, int]]  # phase -> the sizes its texts are planned at (sent_sizes)
 
     def get(self, path: str, **params: Any) -> Any:
-        r = requests.get(f"{self.api}{path}", headers=self.server.management_headers(), params=params, timeout=60)
+        with session_for(self.api) as direct:  # the key goes to the controller, never via a proxy
+            r = direct.get(f"{self.api}{path}", headers=self.server.management_headers(), params=params, timeout=60)
         r.raise_for_status()
         return r.json()
 
