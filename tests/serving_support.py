@@ -318,8 +318,8 @@ def python_for(uid: int) -> str:
 def http_stand_in(answer) -> Iterator[tuple[str, list[tuple[str, str, str | None]]]]:
     """A stand-in server on a free loopback port for what a CLI command asks (the controller,
     or another server on its port): `answer(method, path)` gives (status, content type,
-    body) and optionally a dict of further headers. Yields (its URL, the requests it got as (method, path, Authorization header));
-    stopped on leaving, also on failure."""
+    body) and optionally a dict of further headers. Yields (its URL, the requests it got as
+    (method, path, Authorization header)); stopped on leaving, also on failure."""
     import http.server
 
     asked: list[tuple[str, str, str | None]] = []

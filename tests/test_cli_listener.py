@@ -103,15 +103,21 @@ def test_the_key_goes_to_the_controller_only_not_to_a_proxy_or_a_redirect(tmp_pa
             http_stand_in(lambda method, path: (502, "text/plain", b"proxy")) as (proxy, proxied):
         r = subprocess.run([sys.executable, "-m", "packrat.cli", "status", "--api", url, "--key-file", str(key_file)],
                            capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "HTTP_PROXY": proxy, "http_proxy": proxy, "NO_PROXY": "", "no_proxy": ""})
+                           env={**os.environ, "HTTP_PROXY": proxy, "http_proxy": proxy,
+                                "NO_PROXY": "", "no_proxy": ""})
         assert r.returncode == 0 and "fp32-eager" in r.stdout, r.stderr
-        assert proxied == [] and [(m, p) for m, p, _ in asked] == [("GET", "/v1/models"), ("GET", "/v1/models/m/status")]
+        assert proxied == []
+        assert [(m, p) for m, p, _ in asked] == [("GET", "/v1/models"), ("GET", "/v1/models/m/status")]
         assert all(key == f"Bearer {KEY}-management" for _, _, key in asked)
 
-        with http_stand_in(lambda method, path: (307, "text/html", b"moved", {"Location": f"{url}{path}"})) as (other, _):
+        def moved(method: str, path: str) -> tuple[int, str, bytes, dict[str, str]]:
+            return 307, "text/html", b"moved", {"Location": f"{url}{path}"}
+
+        with http_stand_in(moved) as (other, _):
             asked.clear()
             r = _status(other, key_file)
-        assert r.returncode == 1 and f"HTTP 307 from {other}/v1/models is not the controller's answer" in r.stderr, r.stderr
+        assert r.returncode == 1, r.stderr
+        assert f"HTTP 307 from {other}/v1/models is not the controller's answer" in r.stderr, r.stderr
         assert asked == []  # the redirect's target never saw the request, nor the key
 
 

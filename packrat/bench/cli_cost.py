@@ -76,7 +76,8 @@ def one_call(tree: Path, api: str, key_file: Path, env: dict[str, str]) -> tuple
 def measure(opts: CliCost) -> dict:
     """{"commits", "started", "cpu": {side: [s]}, "wall": {side: [s]}}: opts.rounds rounds of A B B A."""
     commits = {side: subprocess.run(["git", "rev-parse", "--short", rev], cwd=opts.repo, capture_output=True,
-                                    text=True, check=True).stdout.strip() for side, rev in (("A", opts.a), ("B", opts.b))}
+                                    text=True, check=True).stdout.strip()
+               for side, rev in (("A", opts.a), ("B", opts.b))}
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     api = f"http://127.0.0.1:{server.server_address[1]}"
