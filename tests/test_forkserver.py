@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -138,8 +139,9 @@ def test_a_worker_dying_while_the_server_is_busy_leaves_the_other_workers_alone(
     """A worker killed while the server is busy, and TorchServe killing its shim for it (what
     it does when a worker dies), reach the server together: its SIGCHLD and the shim's
     closed connection in one select(). Handling the first must not trip over the second:
-    a crashed fork server takes every worker it forked down with it (PDEATHSIG), the
-    workers of other models included (make test in CI lost a bystander's request so)."""
+    a crashed fork server took every worker it forked down with it (PDEATHSIG, before
+    workers outlived it), the workers of other models included (make test in CI lost a
+    bystander's request so); it still leaves later starts cold until the next one is up."""
     import socket
 
     server, shim, script = fork_server
@@ -231,15 +233,44 @@ def test_the_shim_runs_python_itself_when_the_fork_server_is_gone_or_declines(fo
     assert declined.returncode == 0
     assert json.loads(out)["pid"] == declined.pid  # exec'd in place
 
-    waiting = _start(shim, script, "sleep")
-    worker = json.loads(waiting.stdout.readline())["pid"]
-    server.kill()  # its workers die with it; the shim reports a failed worker
-    assert waiting.wait(timeout=10) != 0
-    assert _wait_gone(worker)
+    server.kill()
+    server.wait()
     cold = _start(shim, script, "5")
     out, _ = cold.communicate(timeout=60)
     assert cold.returncode == 5
     assert json.loads(out)["pid"] == cold.pid
+
+
+def test_a_worker_outlives_its_killed_fork_server_and_its_shim_follows_it(fork_server) -> None:
+    """A shim's worker does not die with the fork server (a killed one would otherwise take
+    every worker TorchServe has down at once): the shim passes signals to it directly and
+    ends when it ends. The profiler's children (client.request) still die with the server."""
+    from packrat.forkserver.client import request
+
+    server, shim, script = fork_server
+    sock = str(shim.parent / "sock")
+    waiting, ending = _start(shim, script, "sleep"), _start(shim, script, "sleep")
+    worker, other = (json.loads(p.stdout.readline())["pid"] for p in (waiting, ending))
+    profiler_r, profiler_w = os.pipe()
+    profiled = request(sock, [str(script), "sleep"], dict(os.environ), str(script.parent), {1: profiler_w})
+    os.close(profiler_w)
+    assert profiled is not None
+    with os.fdopen(profiler_r) as out:
+        assert json.loads(out.readline())["pid"] == profiled.pid
+    server.kill()
+    server.wait()
+    assert profiled.wait() == -signal.SIGKILL
+    assert _wait_gone(profiled.pid, timeout_s=10)
+    time.sleep(0.5)
+    for pid, its_shim in ((worker, waiting), (other, ending)):
+        assert process_alive(pid) and its_shim.poll() is None
+        assert _parent_of(pid) != server.pid
+    waiting.send_signal(signal.SIGTERM)  # what TorchServe sends a worker it stops: now straight to it
+    assert waiting.wait(timeout=10) == -signal.SIGTERM
+    assert _wait_gone(worker, timeout_s=10)
+    assert process_alive(other) and ending.poll() is None
+    os.kill(other, signal.SIGKILL)  # ended by itself: its status went with the server, the shim says 1
+    assert ending.wait(timeout=10) == 1
 
 
 def test_a_worker_the_shim_starts_itself_goes_back_to_the_workers_nice(fork_server, tmp_path) -> None:
@@ -574,3 +605,69 @@ def test_packrat_torchserve_returns_like_torchserve_start_and_stop_stops_it_all(
             assert _wait_gone(pid, timeout_s=60), pid
     finally:  # whatever is left (the launcher leads its own session): its whole group
         _kill_groups_of(str(config))
+
+
+def _fork_servers_under(launcher: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and _parent_of(int(entry.name)) == launcher
+                    and b"packrat.forkserver.server" in (entry / "cmdline").read_bytes()):
+                found.add(int(entry.name))
+        except (OSError, AssertionError):
+            pass
+    return found
+
+
+@pytest.mark.torchserve
+def test_a_killed_fork_server_costs_no_request_and_another_takes_its_place(tiny_store, tmp_path) -> None:
+    """kill -9 of the fork server (an OOM kill, an operator) under load: every request is
+    answered by the same worker, the launcher starts another fork server, and the next
+    worker TorchServe starts is forked warm by that one."""
+    server = start_server(tiny_store, tmp_path / "ts")
+    try:
+        (worker,) = server.register("noop")
+        killed = _parent_of(worker["pid"])
+        assert _fork_servers_under(server.pid) == {killed}
+        answered, failed = [], []
+        done = threading.Event()
+
+        def load() -> None:
+            with requests.Session() as session:
+                while not done.is_set():
+                    try:
+                        r = session.post(f"{server.inference_url}/predictions/noop", data=b"ping",
+                                         headers=server.inference_headers(), timeout=30)
+                        (answered if (r.status_code, r.content) == (200, b"ping") else failed).append(r.status_code)
+                    except requests.RequestException as exc:
+                        failed.append(repr(exc))
+
+        clients = [threading.Thread(target=load) for _ in range(2)]
+        for client_thread in clients:
+            client_thread.start()
+        try:
+            time.sleep(1.0)
+            before = len(answered)
+            os.kill(killed, signal.SIGKILL)
+            wait_until(lambda: _fork_servers_under(server.pid) - {killed}, 30, "another fork server")
+            time.sleep(1.0)
+        finally:
+            done.set()
+            for client_thread in clients:
+                client_thread.join(60)
+        assert not failed, failed[:5]
+        assert before > 0 and len(answered) > before
+        (replacement,) = _fork_servers_under(server.pid)
+        client = server.management_client()
+        described = client.describe("noop")
+        assert [(w["pid"], w["status"]) for w in described["workers"]] == [(worker["pid"], "READY")]
+        assert f"the fork server (pid {killed}) ended" in (server.workdir / "torchserve.out").read_text(errors="replace")
+        client.scale("noop", described["modelVersion"], 2, synchronous=False)
+        wait_until(lambda: len([w for w in client.describe("noop")["workers"] if w["status"] == "READY"]) == 2,
+                   120, "a second noop worker")
+        (added,) = {w["pid"] for w in client.describe("noop")["workers"]} - {worker["pid"]}
+        assert _parent_of(added) == replacement  # forked warm again
+    finally:
+        server.stop()
+    for pid in (worker["pid"], killed):
+        assert _wait_gone(pid), pid

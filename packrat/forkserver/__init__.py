@@ -18,8 +18,10 @@ and an eager worker then spends most of its start importing torch and transforme
 
 The worker keeps TorchServe's view of a process: its pid (the `[PID]` line, /proc),
 its pipes, its exit. When TorchServe kills the shim (scale-down, restart) the fork
-server kills the child; when the fork server dies its children die
-(PR_SET_PDEATHSIG), and TorchServe restarts them through the shim's fallback.
+server kills the child; when the fork server dies (killed) its workers serve on, each
+followed by its shim through a pidfd, and launch.py starts another fork server (a shim
+that finds none starts Python itself). The profiler's children die with it
+(PR_SET_PDEATHSIG).
 The profiler forks its workers the same way from a fork server of its own
 (client.py: `-m module` requests with extra descriptors, started on first use;
 each request names what its child imports, which the server imports before the fork).

@@ -11,7 +11,9 @@ Starts the fork server as a child (same process group: stopping the server's gro
 stops it too), writes the shim, and runs TorchServe's own launcher with the shim as
 the `python` it hands the frontend for workers (`--python sys.executable` there, the
 one switch TorchServe 0.12 has for it). Without a usable shim it runs TorchServe
-unchanged.
+unchanged. A fork server that ends while TorchServe runs (killed, OOM) is started
+again (KeptForkServer); its workers serve on meanwhile, and workers started in between
+start cold.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from packrat import settings
@@ -30,6 +34,11 @@ from packrat.forkserver.server import BASE_PRELOAD, MODEL_PRELOAD
 from packrat.tslog import with_log_config
 
 _SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
+# A fork server that ends is started again after this long, doubled (up to the cap) while
+# each one lives less than _STABLE_S: one that cannot start does not spin.
+_RESTART_DELAY_S = 1.0
+_RESTART_DELAY_MAX_S = 60.0
+_STABLE_S = 60.0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,21 +73,62 @@ def main(argv: list[str] | None = None) -> None:
         if write_shim(shim, real_python, str(socket_path), worker_nice=workers_nice):
             # Started before the frontend is favoured: the workers it forks keep this nice.
             # What every worker imports before the first fork, what only some need while idle.
-            server = subprocess.Popen([real_python, "-m", "packrat.forkserver.server",
-                                       "--socket", str(socket_path), "--parent", str(os.getpid()),
-                                       "--preload", ",".join(BASE_PRELOAD),
-                                       "--idle-preload", ",".join(MODEL_PRELOAD)])
+            server = KeptForkServer([real_python, "-m", "packrat.forkserver.server",
+                                     "--socket", str(socket_path), "--parent", str(os.getpid()),
+                                     "--preload", ",".join(BASE_PRELOAD),
+                                     "--idle-preload", ",".join(MODEL_PRELOAD)], socket_path)
             sys.executable = str(shim)
             print(f"packrat: {favour_frontend(settings.value('frontend_nice'))}", file=sys.stderr, flush=True)
         _run_torchserve(args)
     finally:
         if server is not None:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            server.stop()
         shutil.rmtree(private, ignore_errors=True)
+
+
+class KeptForkServer:
+    """The fork server as this process's child, started again whenever it ends before stop().
+
+    Its workers outlive it (the shim follows them), so a killed fork server costs no request;
+    without another one every later worker start (a swap, a restart) would be cold.
+    """
+
+    def __init__(self, command: list[str], socket_path: Path) -> None:
+        self._command = command
+        self._socket_path = socket_path
+        self._lock = threading.Lock()  # stop() against a restart
+        self._stopping = False
+        self.proc = subprocess.Popen(command)
+        threading.Thread(target=self._keep, name="packrat-fork-server-keeper", daemon=True).start()
+
+    def _keep(self) -> None:
+        delay = _RESTART_DELAY_S
+        while True:
+            proc, started = self.proc, time.monotonic()
+            status = proc.wait()
+            delay = _RESTART_DELAY_S if time.monotonic() - started >= _STABLE_S else delay
+            with self._lock:
+                if self._stopping:
+                    return
+            print(f"packrat: the fork server (pid {proc.pid}) ended with status {status}; its workers "
+                  f"serve on, and another starts in {delay:.0f} s (workers starting meanwhile start cold)",
+                  file=sys.stderr, flush=True)
+            time.sleep(delay)
+            delay = min(2 * delay, _RESTART_DELAY_MAX_S)
+            with self._lock:
+                if self._stopping:
+                    return
+                self._socket_path.unlink(missing_ok=True)  # the dead one's: the new one binds it
+                self.proc = subprocess.Popen(self._command)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def favour_frontend(levels: int) -> str:

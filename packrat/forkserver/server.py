@@ -83,6 +83,9 @@ class WorkerRequest:
     fds: list[int]
     targets: list[int]  # the descriptor number each of `fds` becomes in the child
     preload: list[str] = field(default_factory=list)  # modules to import here before the fork
+    # The child lives on if this server dies (the shim follows it through a pidfd); else
+    # it dies with the server (PR_SET_PDEATHSIG: the profiler's workers, client.py).
+    outlive_server: bool = False
 
 
 def is_module_name(name: str) -> bool:
@@ -122,7 +125,8 @@ def _read_request(conn: socket.socket) -> WorkerRequest:
         preload = [str(m) for m in data.get("preload", [])]
         if not all(is_module_name(m) for m in preload):
             raise ValueError(f"preload names a non-module: {preload}")
-        return WorkerRequest(list(data["argv"]), str(data["cwd"]), dict(data["env"]), fds, targets, preload)
+        return WorkerRequest(list(data["argv"]), str(data["cwd"]), dict(data["env"]), fds, targets, preload,
+                             outlive_server=data.get("outlive_server") is True)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -178,7 +182,8 @@ def serve(socket_path: str, parent_pid: int, preload: tuple[str, ...],
                     except Exception as exc:  # noqa: BLE001 - one bad event must not end the server
                         if os.getpid() != me:  # a child that failed before it became its worker
                             os._exit(1)
-                        # Its crash would take every worker it forked down with it (PDEATHSIG).
+                        # Its crash would leave later worker starts cold until the launcher
+                        # starts another, and take the profiler's workers with it (PDEATHSIG).
                         print(f"packrat fork server: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
                         continue
                     if request is not None:  # in the child
@@ -287,7 +292,8 @@ def _accept(listener: socket.socket, selector: selectors.BaseSelector, children:
     if pid == 0:
         for other in (conn, *children):  # the other workers' connections are not this one's
             other.close()
-        _die_with(me)
+        if not request.outlive_server:
+            _die_with(me)
         return request
     for fd in request.fds:
         os.close(fd)
