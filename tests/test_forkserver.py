@@ -249,8 +249,8 @@ def test_a_worker_outlives_its_killed_fork_server_and_its_shim_follows_it(fork_s
 
     server, shim, script = fork_server
     sock = str(shim.parent / "sock")
-    waiting, ending = _start(shim, script, "sleep"), _start(shim, script, "sleep")
-    worker, other = (json.loads(p.stdout.readline())["pid"] for p in (waiting, ending))
+    waiting, ending, stopped = (_start(shim, script, "sleep") for _ in range(3))
+    worker, other, third = (json.loads(p.stdout.readline())["pid"] for p in (waiting, ending, stopped))
     profiler_r, profiler_w = os.pipe()
     profiled = request(sock, [str(script), "sleep"], dict(os.environ), str(script.parent), {1: profiler_w})
     os.close(profiler_w)
@@ -262,7 +262,7 @@ def test_a_worker_outlives_its_killed_fork_server_and_its_shim_follows_it(fork_s
     assert profiled.wait() == -signal.SIGKILL
     assert _wait_gone(profiled.pid, timeout_s=10)
     time.sleep(0.5)
-    for pid, its_shim in ((worker, waiting), (other, ending)):
+    for pid, its_shim in ((worker, waiting), (other, ending), (third, stopped)):
         assert process_alive(pid) and its_shim.poll() is None
         assert _parent_of(pid) != server.pid
     waiting.send_signal(signal.SIGTERM)  # what TorchServe sends a worker it stops: now straight to it
@@ -271,6 +271,8 @@ def test_a_worker_outlives_its_killed_fork_server_and_its_shim_follows_it(fork_s
     assert process_alive(other) and ending.poll() is None
     os.kill(other, signal.SIGKILL)  # ended by itself: its status went with the server, the shim says 1
     assert ending.wait(timeout=10) == 1
+    stopped.kill()  # how TorchServe 0.12 stops a worker (destroyForcibly): the child goes with its shim
+    assert _wait_gone(third, timeout_s=10)
 
 
 def test_a_worker_the_shim_starts_itself_goes_back_to_the_workers_nice(fork_server, tmp_path) -> None:

@@ -25,11 +25,13 @@ import importlib
 import json
 import os
 import runpy
+import select
 import selectors
 import signal
 import socket
 import struct
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -133,9 +135,11 @@ def _read_request(conn: socket.socket) -> WorkerRequest:
         raise
 
 
-def _peer_uid(conn: socket.socket) -> int:
+def _peer(conn: socket.socket) -> tuple[int, int]:
+    """The connecting process's (pid, uid)."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return pid, uid
 
 
 def _send(conn: socket.socket, message: dict) -> None:
@@ -267,7 +271,8 @@ def _accept(listener: socket.socket, selector: selectors.BaseSelector, children:
             me: int) -> WorkerRequest | None:
     conn, _ = listener.accept()
     try:
-        if _peer_uid(conn) != os.getuid():
+        caller, uid = _peer(conn)
+        if uid != os.getuid():
             raise PermissionError("another user's process")
         request = _read_request(conn)
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -292,7 +297,9 @@ def _accept(listener: socket.socket, selector: selectors.BaseSelector, children:
     if pid == 0:
         for other in (conn, *children):  # the other workers' connections are not this one's
             other.close()
-        if not request.outlive_server:
+        if request.outlive_server:
+            _die_with_caller(caller)
+        else:
             _die_with(me)
         return request
     for fd in request.fds:
@@ -309,6 +316,22 @@ def _die_with(parent: int) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # it died before prctl took effect
         os._exit(1)
+
+
+def _die_with_caller(caller: int) -> None:
+    """A child that outlives this server still ends with its caller: the shim, which TorchServe
+    sees as the worker and stops with SIGKILL (its connection's end tells this server to kill
+    the child; without this server a thread waiting on the shim's pidfd does it)."""
+    try:
+        pidfd = os.pidfd_open(caller)
+    except OSError:  # the caller is gone already
+        os._exit(1)
+
+    def watch() -> None:
+        select.select([pidfd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="packrat-shim-watch", daemon=True).start()
 
 
 def _drain(fd: int) -> None:
