@@ -669,6 +669,9 @@ def test_a_killed_fork_server_costs_no_request_and_another_takes_its_place(tiny_
                    120, "a second noop worker")
         (added,) = {w["pid"] for w in client.describe("noop")["workers"]} - {worker["pid"]}
         assert _parent_of(added) == replacement  # forked warm again
+        # Started by a thread that predates the frontend's favour: at the workers' nice, not the JVM's.
+        nices = {os.getpriority(os.PRIO_PROCESS, pid) for pid in (worker["pid"], replacement, added)}
+        assert nices == {os.getpriority(os.PRIO_PROCESS, 0)}, nices
     finally:
         server.stop()
     for pid in (worker["pid"], killed):
