@@ -82,7 +82,7 @@ else
   nohup "$PACKRAT" controller --management-url "$MGMT" \
     --metrics-url "$("$PACKRAT" torchserve url metrics --workdir "$WORKDIR")" \
     --key-file "$WORKDIR/key_file.json" --model-store "$STORE" --state-dir .packrat --port "${API##*:}" \
-    >> .packrat/controller.log 2>&1 &
+    --restart-on-crash >> .packrat/controller.log 2>&1 &
   echo $! > .packrat/controller.pid
   echo "$API" > .packrat/controller.url
   # Until it listens (it says so once its port is bound), or says why it could not:

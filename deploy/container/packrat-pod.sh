@@ -132,11 +132,12 @@ read -r -a extra <<<"${PACKRAT_CONTROLLER_ARGS:-}"
 packrat controller \
   --management-url "$MANAGEMENT_URL" --metrics-url "$METRICS_URL" \
   --key-file "$KEY_FILE" --model-store "$MODEL_STORE" --state-dir "$STATE_DIR" \
-  --host "$API_HOST" --port "$API_PORT" "${extra[@]}" &
+  --host "$API_HOST" --port "$API_PORT" --restart-on-crash "${extra[@]}" &
 ctl_pid=$!
 log "TorchServe pid $ts_pid, controller pid $ctl_pid"
 
-# Whichever exits first ends the container; the kubelet restarts it.
+# Whichever exits first ends the container; the kubelet restarts it. (A controller that
+# crashes after its start is started again by --restart-on-crash, serving untouched.)
 set +e
 wait -n "$ts_pid" "$ctl_pid"
 code=$?

@@ -234,7 +234,7 @@ class Served:
     def processes(self) -> dict[int, str]:
         """pid -> label for every process that serves or sends: workers, the frontend JVM,
         the rest of TorchServe's process group, the controller if given, and this client."""
-        from packrat.bench.proc_cpu import command_name, comm, group_members
+        from packrat.bench.proc_cpu import command_name, comm, controller_labels, group_members
 
         labels: dict[int, str] = {}
         workers = sorted(((w.check.cores if w.check else None) or (), int(w.described["pid"]))
@@ -248,7 +248,7 @@ class Served:
                     label += "'"
                 labels[pid] = label
         if self.s.controller_pid:
-            labels[self.s.controller_pid] = "controller"
+            labels.update(controller_labels(self.s.controller_pid))
         labels[os.getpid()] = "client (the load generator, this process)"
         return labels
 

@@ -82,6 +82,34 @@ def group_members(pgid: int) -> list[int]:
     return sorted(out)
 
 
+def children_of(parent: int) -> list[int]:
+    """Live direct children of `parent` (a controller run with --restart-on-crash is one)."""
+    out = []
+    for pid in pids():
+        try:
+            rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(rest[1]) == parent and rest[0] != "Z":
+            out.append(pid)
+    return sorted(out)
+
+
+def controller_labels(pid: int) -> dict[int, str]:
+    """pid -> label for a controller named by its pid: the pid `make run` keeps is the
+    supervisor of `packrat controller --restart-on-crash`, which runs the controller as its child."""
+    try:
+        supervised = b"--restart-on-crash" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        supervised = False
+    if not supervised:
+        return {pid: "controller"}
+    labels = {pid: "controller's supervisor (--restart-on-crash)"}
+    for child in children_of(pid):
+        labels[child] = "controller"
+    return labels
+
+
 @dataclass(frozen=True)
 class CpuWindow:
     """CPU milliseconds each labelled process used between start() and stop()."""

@@ -8,6 +8,7 @@ import inspect
 import logging
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -279,10 +280,19 @@ def controller_command(
     management_url: str = setting_option("management_url"),
     metrics_url: Optional[str] = setting_option("metrics_url"),
     key_file: Path = typer.Option(Path("key_file.json"), "--key-file", help="TorchServe's key_file.json"),
+    restart_on_crash: bool = typer.Option(
+        False, "--restart-on-crash", help="run the controller as a child process and start it again when it "
+        "crashes (killed by a signal, or a non-zero exit after 10 s; backing off 1 s to 60 s)"),
     *,
     run: RunOptions,
 ) -> None:
     """Attach to a running TorchServe and serve the Packrat REST API."""
+    if restart_on_crash:
+        from packrat.control.supervise import supervise
+
+        # The same command line without the flag, in a child (python -m packrat.cli works as `packrat`).
+        raise typer.Exit(supervise([sys.executable, "-m", "packrat.cli",
+                                    *[a for a in sys.argv[1:] if a != "--restart-on-crash"]]))
     try:
         run_controller(management_url=management_url, metrics_url=metrics_url, key_file=key_file, run=run)
     except PackratError as exc:

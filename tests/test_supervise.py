@@ -1,0 +1,139 @@
+"""`packrat controller --restart-on-crash` (packrat/control/supervise.py): a crashed
+controller is started again, a refused start or a stop is final; then with a real
+TorchServe and controller."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from packrat.bench.proc_cpu import controller_labels
+from packrat.control.supervise import RestartPolicy, supervise
+from serving_support import noop_with_controller, process_alive
+from waiting import wait_until
+
+QUICK = RestartPolicy(min_uptime_s=0.3, delay_s=0.05, max_delay_s=0.2, stable_s=30.0)
+
+
+def _child(tmp_path: Path, body: str) -> list[str]:
+    """A child that counts its runs in tmp_path/runs, then does `body` (run = this run's number)."""
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(f"""\
+        import os, signal, sys, time
+        runs = {str(tmp_path / "runs")!r}
+        run = (int(open(runs).read()) if os.path.exists(runs) else 0) + 1
+        open(runs, "w").write(str(run))
+        open(runs + ".pid", "w").write(str(os.getpid()))
+        """) + textwrap.dedent(body))
+    return [sys.executable, str(script)]
+
+
+def _runs(tmp_path: Path) -> int:
+    return int((tmp_path / "runs").read_text())
+
+
+def test_a_child_killed_by_a_signal_is_started_again_with_a_growing_delay(tmp_path) -> None:
+    said: list[str] = []
+    command = _child(tmp_path, "if run < 4: os.kill(os.getpid(), signal.SIGKILL)\n")
+    assert supervise(command, QUICK, said.append) == 0
+    assert _runs(tmp_path) == 4
+    assert len(said) == 3 and all("was killed by SIGKILL" in s for s in said), said
+    assert [s.rsplit("in ", 1)[1] for s in said] == ["0.05 s", "0.1 s", "0.2 s"]  # doubled, capped
+
+
+def test_a_non_zero_exit_is_a_crash_only_after_the_child_ran_a_while(tmp_path) -> None:
+    said: list[str] = []
+    # A start-up refusal (a port taken, a second controller): exit 1 at once, not restarted.
+    (tmp_path / "refused").mkdir()
+    assert supervise(_child(tmp_path / "refused", "sys.exit(1)\n"), QUICK, said.append) == 1
+    assert _runs(tmp_path / "refused") == 1 and said == []
+    # Exit 3 after running longer than min_uptime_s: restarted; then a clean exit ends it.
+    (tmp_path / "late").mkdir()
+    assert supervise(_child(tmp_path / "late", "if run == 1: time.sleep(0.5); sys.exit(3)\n"), QUICK,
+                     said.append) == 0
+    assert _runs(tmp_path / "late") == 2
+    assert len(said) == 1 and "exited with 3" in said[0]
+
+
+def _supervisor(tmp_path: Path, body: str) -> subprocess.Popen:
+    command = _child(tmp_path, body)
+    code = (f"import sys; from packrat.control.supervise import RestartPolicy, supervise; "
+            f"sys.exit(supervise({command!r}, RestartPolicy(min_uptime_s=0.3, delay_s=0.05)))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: (tmp_path / "runs.pid").exists(), 60, "the supervised child")
+    return proc
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_is_passed_on_and_ends_both(tmp_path, sig) -> None:
+    proc = _supervisor(tmp_path, "time.sleep(120)\n")
+    child = int((tmp_path / "runs.pid").read_text())
+    proc.send_signal(sig)
+    assert proc.wait(timeout=30) == 128 + sig
+    assert not process_alive(child)
+    assert _runs(tmp_path) == 1 and "starting it again" not in proc.stderr.read()
+
+
+def test_a_supervisor_killed_outright_takes_its_child_with_it(tmp_path) -> None:
+    proc = _supervisor(tmp_path, "time.sleep(120)\n")
+    child = int((tmp_path / "runs.pid").read_text())
+    proc.kill()
+    proc.wait(timeout=30)
+    wait_until(lambda: not process_alive(child), 30, "the child to die with its supervisor (PDEATHSIG)")
+
+
+def _children_of(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"PPid:\t{pid}\n" in (entry / "status").read_text():
+                found.add(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.torchserve
+def test_a_controller_killed_9_comes_back_and_a_refused_start_ends_at_once(tiny_store, tmp_path) -> None:
+    flags = ["--no-tune", "--no-adapt", "--restart-on-crash"]
+    with noop_with_controller(tiny_store, tmp_path, "noop", flags) as (server, ctl):
+        (first,) = _children_of(ctl.proc.pid)
+        assert b"packrat.cli" in Path(f"/proc/{first}/cmdline").read_bytes()
+        assert b"--restart-on-crash" not in Path(f"/proc/{first}/cmdline").read_bytes()
+        os.kill(first, signal.SIGKILL)  # an OOM kill, say
+
+        def back() -> bool:
+            if _children_of(ctl.proc.pid) - {first}:
+                try:
+                    return ctl.get("/v1/models/noop/status", timeout=10).status_code == 200
+                except requests.RequestException:
+                    return False
+            return False
+
+        wait_until(back, 120, "the controller started again and answering")
+        assert ctl.proc.poll() is None
+        assert f"the controller (pid {first}) was killed by SIGKILL" in ctl.log()
+        # Another controller on the same TorchServe is refused at start: final, not restarted.
+        started = time.monotonic()
+        second = ctl.spawn(state=tmp_path / "state2")
+        assert second.wait(timeout=120) == 1
+        assert time.monotonic() - started < 120
+        second_log = (tmp_path / "state2" / "controller.out").read_text()
+        assert "starting it again" not in second_log and "error:" in second_log, second_log[-2000:]
+        # A stop (make stop's SIGTERM) ends the supervisor and its controller.
+        (now,) = _children_of(ctl.proc.pid)
+        # The efficiency bench, given make run's pid, reads the child's CPU as the controller's.
+        assert controller_labels(ctl.proc.pid) == {ctl.proc.pid: "controller's supervisor (--restart-on-crash)",
+                                                   now: "controller"}
+        assert controller_labels(os.getpid()) == {os.getpid(): "controller"}
+        ctl.proc.send_signal(signal.SIGTERM)
+        assert ctl.proc.wait(timeout=60) in (0, 128 + signal.SIGTERM)
+        wait_until(lambda: not process_alive(now), 30, "the controller to stop with its supervisor")
