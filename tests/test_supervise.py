@@ -82,6 +82,25 @@ def test_a_stop_signal_is_passed_on_and_ends_both(tmp_path, sig) -> None:
     assert _runs(tmp_path) == 1 and "starting it again" not in proc.stderr.read()
 
 
+def test_a_signal_ignored_at_start_stays_ignored_in_both(tmp_path) -> None:
+    # make run starts it under nohup: closing the terminal (SIGHUP) must not stop the controller.
+    command = _child(tmp_path, "time.sleep(120)\n")
+    code = (f"import sys; from packrat.control.supervise import supervise; sys.exit(supervise({command!r}))")
+    proc = subprocess.Popen(["nohup", sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        wait_until(lambda: (tmp_path / "runs.pid").exists(), 60, "the supervised child")
+        child = int((tmp_path / "runs.pid").read_text())
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert proc.poll() is None and process_alive(child)
+        proc.terminate()
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert not process_alive(child)
+    finally:
+        proc.kill()
+
+
 def test_a_supervisor_killed_outright_takes_its_child_with_it(tmp_path) -> None:
     proc = _supervisor(tmp_path, "time.sleep(120)\n")
     child = int((tmp_path / "runs.pid").read_text())

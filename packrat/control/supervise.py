@@ -11,7 +11,7 @@ What counts as a crash: the child killed by a signal nobody sent through this pr
 `min_uptime_s`. A non-zero exit sooner is a start-up refusal (a port taken, another
 controller on the same TorchServe, a bad flag): it is this process's exit too, so
 whatever started it sees the error. SIGTERM, SIGINT and SIGHUP are passed to the child
-and end both.
+and end both, unless ignored when it started (nohup).
 """
 
 from __future__ import annotations
@@ -69,7 +69,10 @@ def supervise(command: Sequence[str], policy: RestartPolicy = RestartPolicy(),
         if child is not None and child.poll() is None:
             child.send_signal(signum)
 
-    previous = {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS}
+    # A signal ignored here stays ignored, in the child too (nohup's SIGHUP, a background
+    # job's SIGINT: closing make run's terminal must not stop the controller).
+    previous = {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS
+                if signal.getsignal(signum) is not signal.SIG_IGN}
     delay = policy.delay_s
     try:
         while True:
