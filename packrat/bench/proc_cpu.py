@@ -69,30 +69,28 @@ def jit_cpu_ticks(pid: int) -> int | None:
     return total
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live processes of process group `pgid` (a TorchServe started by packrat.server leads one)."""
+def _live_where(field: int, value: int) -> list[int]:
+    """Live (not zombie) processes whose /proc/<pid>/stat field after "(comm)" number
+    `field` (1: ppid, 2: pgrp) is `value`."""
     out = []
     for pid in pids():
         try:
             rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # exited meanwhile
-        if int(rest[2]) == pgid and rest[0] != "Z":
+        if int(rest[field]) == value and rest[0] != "Z":
             out.append(pid)
     return sorted(out)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group `pgid` (a TorchServe started by packrat.server leads one)."""
+    return _live_where(2, pgid)
 
 
 def children_of(parent: int) -> list[int]:
     """Live direct children of `parent` (a controller run with --restart-on-crash is one)."""
-    out = []
-    for pid in pids():
-        try:
-            rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        if int(rest[1]) == parent and rest[0] != "Z":
-            out.append(pid)
-    return sorted(out)
+    return _live_where(1, parent)
 
 
 def controller_labels(pid: int) -> dict[int, str]:
