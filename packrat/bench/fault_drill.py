@@ -1,0 +1,228 @@
+"""Faults under load on a running `make run` (scripts/drill_faults.py): the fork server and
+the controller killed with SIGKILL while clients keep sending, then a swap.
+
+While `clients` closed-loop clients send one payload to `model`, the fork server beside
+TorchServe is killed at `forkserver_kill_at` s and the controller (the child of
+`packrat controller --restart-on-crash`, whose pid make run keeps) at `controller_kill_at`
+s. Afterwards one plan is applied to `swap_model` through the restarted controller: its
+new workers show whether the new fork server forks them warm. Reported: every request's
+outcome (a status or an exception) and latency, the model's worker pids before and after,
+and how long each part took to come back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packrat.apply.client import ManagementClient, session_for
+from packrat.bench.machine import describe_machine
+from packrat.bench.proc_cpu import children_of
+from packrat.server import RunningServer
+
+
+@dataclass(frozen=True)
+class Drill:
+    workdir: Path  # make run's TorchServe workdir (.packrat/torchserve)
+    controller_pid_file: Path  # .packrat/controller.pid: the --restart-on-crash parent
+    controller_url: str  # .packrat/controller.url
+    model: str
+    payload: bytes
+    content_type: str
+    swap_model: str = "noop"
+    swap_plan: tuple[dict[str, int], ...] = ({"threads": 1, "batch": 1},)
+    clients: int = 4
+    seconds: float = 40.0
+    forkserver_kill_at: float = 10.0
+    controller_kill_at: float = 20.0
+    command: str = ""
+
+
+@dataclass
+class _Outcomes:
+    started: float = field(default_factory=time.monotonic)
+    rows: list[tuple[float, str, float]] = field(default_factory=list)  # (t, outcome, latency ms)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, t0: float, outcome: str) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.rows.append((round(t0 - self.started, 3), outcome, round((now - t0) * 1000, 2)))
+
+
+def _client(d: Drill, server: RunningServer, out: _Outcomes, until: float) -> None:
+    url = f"{server.inference_url}/predictions/{d.model}"
+    headers = {**server.inference_headers(), "Content-Type": d.content_type}
+    with session_for(url) as session:
+        while time.monotonic() < until:
+            t0 = time.monotonic()
+            try:
+                r = session.post(url, data=d.payload, headers=headers, timeout=120)
+                out.add(t0, str(r.status_code))
+            except Exception as exc:  # noqa: BLE001 - every failure is a row of the report
+                out.add(t0, type(exc).__name__)
+
+
+def fork_servers(launcher: int) -> set[int]:
+    """The fork servers TorchServe's launcher (packrat-torchserve) runs: its children running one."""
+    return {pid for pid in children_of(launcher) if b"packrat.forkserver.server" in _cmdline(pid)}
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _seconds_until(test: Any, timeout_s: float) -> float | None:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if test():
+            return round(time.monotonic() - started, 2)
+        time.sleep(0.05)
+    return None
+
+
+def _kill_fork_server(server: RunningServer) -> dict[str, Any]:
+    (killed,) = fork_servers(server.pid)
+    os.kill(killed, signal.SIGKILL)
+    back = _seconds_until(lambda: fork_servers(server.pid) - {killed}, 120)
+    return {"killed": killed, "another_after_s": back, "replacement": sorted(fork_servers(server.pid) - {killed})}
+
+
+def _kill_controller(d: Drill, server: RunningServer) -> dict[str, Any]:
+    parent = int(d.controller_pid_file.read_text())
+    (killed,) = [p for p in children_of(parent) if b"packrat.cli" in _cmdline(p)]
+    os.kill(killed, signal.SIGKILL)
+    status = f"{d.controller_url}/v1/models/{d.model}/status"
+
+    def answers() -> bool:
+        try:
+            with session_for(status) as s:
+                return s.get(status, headers=server.management_headers(), timeout=5).status_code == 200
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+
+    time.sleep(0.5)  # the killed one's port is closed by now
+    return {"killed": killed, "answering_after_s": _seconds_until(answers, 300),
+            "supervisor": parent, "supervisor_alive": os.path.exists(f"/proc/{parent}")}
+
+
+def _swap(d: Drill, server: RunningServer, fork_server: list[int]) -> dict[str, Any]:
+    url = f"{d.controller_url}/v1/models/{d.swap_model}/apply"
+    body = {"instances": list(d.swap_plan), "pin": False}
+    started = time.monotonic()
+    with session_for(url) as s:
+        while True:  # 409: a tune or another swap of it runs; wait for it
+            r = s.post(url, json=body, headers=server.management_headers(), timeout=600)
+            if r.status_code != 409 or time.monotonic() - started > 600:
+                break
+            time.sleep(2)
+    if r.status_code != 200:
+        return {"status": r.status_code, "error": r.text[:300]}
+    swap = r.json()["swap"]
+    client = ManagementClient(server.management_url, server.key_file)
+    workers = [w["pid"] for w in client.describe(d.swap_model).get("workers", [])]
+    return {"status": 200, "version": swap.get("to_version"), "duration_s": swap.get("duration_s"),
+            "outcome": swap.get("outcome"),
+            "workers": workers, "forked_by_new_fork_server": bool(workers) and all(
+                _parent(pid) in fork_server for pid in workers)}
+
+
+def _ready_workers(client: ManagementClient, model: str, timeout_s: float = 300.0) -> list[int]:
+    """The model's worker pids once every one is READY (a worker still starting has pid -1)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        workers = client.describe(model).get("workers", [])
+        if (workers and all(w.get("status") == "READY" and int(w.get("pid", -1)) > 0 for w in workers)) \
+                or time.monotonic() > deadline:
+            return sorted(int(w.get("pid", -1)) for w in workers)
+        time.sleep(0.2)
+
+
+def run_drill(d: Drill) -> dict[str, Any]:
+    """The drill; its record (outcomes, what came back and when)."""
+    server = RunningServer.attach(d.workdir)
+    client = ManagementClient(server.management_url, server.key_file)
+    before = _ready_workers(client, d.model)
+    out = _Outcomes()
+    until = out.started + d.seconds
+    threads = [threading.Thread(target=_client, args=(d, server, out, until), daemon=True)
+               for _ in range(d.clients)]
+    for t in threads:
+        t.start()
+    time.sleep(max(0.0, out.started + d.forkserver_kill_at - time.monotonic()))
+    fork = _kill_fork_server(server)
+    time.sleep(max(0.0, out.started + d.controller_kill_at - time.monotonic()))
+    ctl = _kill_controller(d, server)
+    for t in threads:
+        t.join(d.seconds + 180)
+    after = _ready_workers(client, d.model)
+    return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": describe_machine().label,
+            "cores": len(os.sched_getaffinity(0)), "model": d.model, "clients": d.clients, "seconds": d.seconds,
+            "fork_server": fork, "controller": ctl, "workers_before": before, "workers_after": after,
+            "swap": _swap(d, server, fork["replacement"]), "rows": out.rows}
+
+
+def summary(rows: list[tuple[float, str, float]], first_kill_s: float) -> dict[str, Any]:
+    """Counts by outcome, and the answered requests' latency before the first kill and from it on."""
+    counts: dict[str, int] = {}
+    for _t, outcome, _ms in rows:
+        counts[outcome] = counts.get(outcome, 0) + 1
+
+    def lat(values: list[float]) -> str:
+        return f"p50 {statistics.median(values):.1f} ms, max {max(values):.1f} ms" if values else "none"
+
+    return {"requests": len(rows), "by_outcome": counts, "failed": len(rows) - counts.get("200", 0),
+            "before": lat([ms for t, o, ms in rows if o == "200" and t < first_kill_s]),
+            "after": lat([ms for t, o, ms in rows if o == "200" and t >= first_kill_s])}
+
+
+def write(rec: dict[str, Any], d: Drill, out_dir: Path, name: str) -> Path:
+    """<out_dir>/fault-drill-<name>.md and .json (the rows)."""
+    s = summary(rec["rows"], d.forkserver_kill_at)
+    (out_dir / f"fault-drill-{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
+    fork, ctl, swap = rec["fork_server"], rec["controller"], rec["swap"]
+    same = rec["workers_before"] == rec["workers_after"]
+    md = "\n".join([
+        "---", f"date: {rec['started']}", f"machine: {rec['machine']}, {rec['cores']} cores", f"command: {d.command}",
+        f"figures: {s['failed']} of {s['requests']} requests failed while the fork server and the controller were "
+        f"killed -9 under {d.clients} clients on {d.model}; another fork server after {fork['another_after_s']} s, "
+        f"the controller answering again after {ctl['answering_after_s']} s; the next swap's workers forked by the "
+        f"new fork server: {swap.get('forked_by_new_fork_server')}",
+        "---", "",
+        f"# Fault drill: {name}", "",
+        f"{d.clients} closed-loop clients sent the same payload to `{d.model}` for {d.seconds:g} s; at "
+        f"{d.forkserver_kill_at:g} s the fork server (pid {fork['killed']}) was killed with SIGKILL, at "
+        f"{d.controller_kill_at:g} s the controller (pid {ctl['killed']}); then a plan was applied to "
+        f"`{d.swap_model}`.", "",
+        "| what | result |", "|---|---|",
+        f"| requests | {s['requests']}: {', '.join(f'{k} x{v}' for k, v in sorted(s['by_outcome'].items()))} |",
+        f"| latency of the answered, before the first kill | {s['before']} |",
+        f"| latency of the answered, from the first kill on | {s['after']} |",
+        f"| `{d.model}`'s workers | before {rec['workers_before']}, after {rec['workers_after']}: "
+        f"{'the same processes' if same else 'replaced'} |",
+        f"| another fork server | after {fork['another_after_s']} s (pid {fork['replacement']}) |",
+        f"| the controller answering again | after {ctl['answering_after_s']} s; its supervisor alive: "
+        f"{ctl['supervisor_alive']} |",
+        f"| the swap of `{d.swap_model}` afterwards | HTTP {swap.get('status')}, {swap.get('duration_s')} s, workers "
+        f"{swap.get('workers')}, forked by the new fork server: {swap.get('forked_by_new_fork_server')} |", "",
+    ])
+    path = out_dir / f"fault-drill-{name}.md"
+    path.write_text(md)
+    return path
