@@ -107,6 +107,14 @@ def test_two_models_get_disjoint_cores_and_a_load_shift_moves_them(tmp_path: Pat
         wait_for(lambda: worker_cores(server, IDLE) == {cores[-1]} and len(worker_pids(server, IDLE)) == 1,
                  300, "the idle model on the shared core")
         assert controller.model_state(IDLE).plan.shape == ((1, 1),)
+        # An explicit plan (made for every core) that fits the idle model's share is applied
+        # there, labelled with the cores it got; it used to be refused with a ConfigError
+        # ("plan is for 2 cores but only 1 are usable", a 422 through the API).
+        explicit = controller.explicit_plan(IDLE, [(1, 1)])
+        assert explicit.cores == len(cores)
+        record = controller.swaps.apply_when_free(IDLE, explicit, timeout_s=120)  # the loop swaps too
+        assert record.outcome == "applied" and record.plan.cores == 1, record
+        assert worker_cores(server, IDLE) == {cores[-1]}
 
         # Load shift: beta's clients stop. alpha takes both cores; beta keeps one
         # worker on the shared (last) core.

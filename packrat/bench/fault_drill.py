@@ -144,14 +144,16 @@ def _swap(d: Drill, server: RunningServer, fork_server: list[int]) -> dict[str, 
                 _parent(pid) in fork_server for pid in workers)}
 
 
-def _ready_workers(client: ManagementClient, model: str, timeout_s: float = 300.0) -> list[int]:
-    """The model's worker pids once every one is READY (a worker still starting has pid -1)."""
+def _ready_workers(client: ManagementClient, model: str, timeout_s: float = 300.0) -> dict[str, Any]:
+    """The default version and its worker pids, once every worker is READY (one still
+    starting has pid -1)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        workers = client.describe(model).get("workers", [])
+        described = client.describe(model)
+        workers = described.get("workers", [])
         if (workers and all(w.get("status") == "READY" and int(w.get("pid", -1)) > 0 for w in workers)) \
                 or time.monotonic() > deadline:
-            return sorted(int(w.get("pid", -1)) for w in workers)
+            return {"version": described.get("modelVersion"), "pids": sorted(int(w.get("pid", -1)) for w in workers)}
         time.sleep(0.2)
 
 
@@ -198,7 +200,13 @@ def write(rec: dict[str, Any], d: Drill, out_dir: Path, name: str) -> Path:
     s = summary(rec["rows"], d.forkserver_kill_at)
     (out_dir / f"fault-drill-{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
     fork, ctl, swap = rec["fork_server"], rec["controller"], rec["swap"]
-    same = rec["workers_before"] == rec["workers_after"]
+    before, after = rec["workers_before"], rec["workers_after"]
+    if before == after:
+        workers = "the same processes"
+    elif before["version"] != after["version"]:
+        workers = f"version {before['version']} -> {after['version']}: a swap (the re-plan loop follows the load)"
+    else:
+        workers = "the same version, other processes: restarted"
     md = "\n".join([
         "---", f"date: {rec['started']}", f"machine: {rec['machine']}, {rec['cores']} cores", f"command: {d.command}",
         f"figures: {s['failed']} of {s['requests']} requests failed while the fork server and the controller were "
@@ -215,8 +223,7 @@ def write(rec: dict[str, Any], d: Drill, out_dir: Path, name: str) -> Path:
         f"| requests | {s['requests']}: {', '.join(f'{k} x{v}' for k, v in sorted(s['by_outcome'].items()))} |",
         f"| latency of the answered, before the first kill | {s['before']} |",
         f"| latency of the answered, from the first kill on | {s['after']} |",
-        f"| `{d.model}`'s workers | before {rec['workers_before']}, after {rec['workers_after']}: "
-        f"{'the same processes' if same else 'replaced'} |",
+        f"| `{d.model}`'s workers | before {before['pids']}, after {after['pids']}: {workers} |",
         f"| another fork server | after {fork['another_after_s']} s (pid {fork['replacement']}) |",
         f"| the controller answering again | after {ctl['answering_after_s']} s; its supervisor alive: "
         f"{ctl['supervisor_alive']} |",

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from packrat.apply import versions
@@ -97,7 +97,10 @@ class Swaps:
             # TorchServeError 404 for an unknown model, before anything; read under the lock,
             # so it is what the swap replaces.
             current = self.swapper.current(model)
-            task = SwapTask(model, plan, self.swap_cores(model, plan), current, reapply=reapply)
+            cores = self.swap_cores(model, plan)
+            if plan.cores > len(cores):  # made for every core (an explicit plan), fits the model's share
+                plan = replace(plan, cores=len(cores))
+            task = SwapTask(model, plan, cores, current, reapply=reapply)
             self.running = SwapRecord(model, None, None, plan, self.clock(), phase="starting")
             self.metrics.swap_running.set(1)
             threading.Thread(target=self._run, args=(task,), name=f"packrat-swap-{model}",
