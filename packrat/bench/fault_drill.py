@@ -195,6 +195,19 @@ def summary(rows: list[tuple[float, str, float]], first_kill_s: float) -> dict[s
             "after": lat([ms for t, o, ms in rows if o == "200" and t >= first_kill_s])}
 
 
+def windows(rows: list[tuple[float, str, float]], seconds: float, width_s: float = 5.0) -> list[str]:
+    """One table row per `width_s` of send time."""
+    out = []
+    start = 0.0
+    while start < seconds:
+        inside = [(o, ms) for t, o, ms in rows if start <= t < start + width_s]
+        lat = [ms for _o, ms in inside]
+        out.append(f"| {start:g}-{start + width_s:g} s | {len(inside)} | {sum(o != '200' for o, _ in inside)} | "
+                   f"{statistics.median(lat):.1f} | {max(lat):.1f} |" if lat else f"| {start:g}-{start + width_s:g} s | 0 | 0 | | |")
+        start += width_s
+    return out
+
+
 def write(rec: dict[str, Any], d: Drill, out_dir: Path, name: str) -> Path:
     """<out_dir>/fault-drill-<name>.md and .json (the rows)."""
     s = summary(rec["rows"], d.forkserver_kill_at)
@@ -229,6 +242,9 @@ def write(rec: dict[str, Any], d: Drill, out_dir: Path, name: str) -> Path:
         f"{ctl['supervisor_alive']} |",
         f"| the swap of `{d.swap_model}` afterwards | HTTP {swap.get('status')}, {swap.get('duration_s')} s, workers "
         f"{swap.get('workers')}, forked by the new fork server: {swap.get('forked_by_new_fork_server')} |", "",
+        "Requests by when they were sent (what came back up takes its CPU from the serving workers):", "",
+        "| sent at | requests | not 200 | p50 ms | max ms |", "|---|---:|---:|---:|---:|",
+        *windows(rec["rows"], d.seconds), "",
     ])
     path = out_dir / f"fault-drill-{name}.md"
     path.write_text(md)
