@@ -23,6 +23,7 @@ FLOORS: dict[str, int] = {
     "packrat.settings": 0,  # the settings table: every PACKRAT_* variable, shared CLI defaults (stdlib only; tslog reads it)
     "packrat.worker_messages": 0,  # the frontend's messages as a worker reads them (stdlib only; slots reads, tslog names its line)
     "packrat.listener": 0,  # who listens on a loopback port (/proc/net/tcp): the key goes to our own user only
+    "packrat.backoff": 0,  # how long before a crashed helper starts again (the fork server, the controller)
     "packrat.errors": 1,  # the one exception tree (SwapError carries a types.SwapRecord)
     "packrat.cpulist": 1,  # the kernel's CPU list format (slots and cores read it)
     "packrat.modes": 1,  # execution modes: precisions, runtimes, the mode string, what a CPU runs (stdlib only)

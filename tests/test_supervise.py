@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from packrat.backoff import Backoff
 from packrat.bench.proc_cpu import controller_labels
 from packrat.control.supervise import RestartPolicy, supervise
 from serving_support import noop_with_controller, process_alive
@@ -38,6 +39,12 @@ def _child(tmp_path: Path, body: str) -> list[str]:
 
 def _runs(tmp_path: Path) -> int:
     return int((tmp_path / "runs").read_text())
+
+
+def test_the_backoff_doubles_to_its_cap_and_starts_over_after_a_stable_run() -> None:
+    backoff = Backoff(first_s=1.0, max_s=8.0, stable_s=60.0)
+    assert [backoff.after(2.0) for _ in range(6)] == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    assert backoff.after(60.0) == 1.0 and backoff.after(0.5) == 2.0
 
 
 def test_a_child_killed_by_a_signal_is_started_again_with_a_growing_delay(tmp_path) -> None:

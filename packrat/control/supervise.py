@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from packrat.backoff import Backoff
+
 _PR_SET_PDEATHSIG = 1
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -73,7 +75,7 @@ def supervise(command: Sequence[str], policy: RestartPolicy = RestartPolicy(),
     # job's SIGINT: closing make run's terminal must not stop the controller).
     previous = {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS
                 if signal.getsignal(signum) is not signal.SIG_IGN}
-    delay = policy.delay_s
+    backoff = Backoff(policy.delay_s, policy.max_delay_s, policy.stable_s)
     try:
         while True:
             started = time.monotonic()
@@ -83,12 +85,11 @@ def supervise(command: Sequence[str], policy: RestartPolicy = RestartPolicy(),
             if stopping.is_set() or not crashed(code, lived, policy):
                 return 128 - code if code < 0 else code
             how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with {code}"
-            delay = policy.delay_s if lived >= policy.stable_s else delay
+            delay = backoff.after(lived)
             say(f"packrat: the controller (pid {child.pid}) {how} after {lived:.0f} s; "
                 f"starting it again in {delay:g} s")
             if stopping.wait(delay):
                 return 128 + stopped_by[0]
-            delay = min(2 * delay, policy.max_delay_s)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -28,17 +28,13 @@ import time
 from pathlib import Path
 
 from packrat import settings
+from packrat.backoff import Backoff
 from packrat.forkserver import enabled, write_shim
 from packrat.forkserver.private_dir import make_private_dir
 from packrat.forkserver.server import BASE_PRELOAD, MODEL_PRELOAD
 from packrat.tslog import with_log_config
 
 _SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
-# A fork server that ends is started again after this long, doubled (up to the cap) while
-# each one lives less than _STABLE_S: one that cannot start does not spin.
-_RESTART_DELAY_S = 1.0
-_RESTART_DELAY_MAX_S = 60.0
-_STABLE_S = 60.0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,11 +98,11 @@ class KeptForkServer:
         threading.Thread(target=self._keep, name="packrat-fork-server-keeper", daemon=True).start()
 
     def _keep(self) -> None:
-        delay = _RESTART_DELAY_S
+        backoff = Backoff()  # 1 s, doubling to 60 s while each one lives under a minute
         while True:
             proc, started = self.proc, time.monotonic()
             status = proc.wait()
-            delay = _RESTART_DELAY_S if time.monotonic() - started >= _STABLE_S else delay
+            delay = backoff.after(time.monotonic() - started)
             with self._lock:
                 if self._stopping:
                     return
@@ -114,7 +110,6 @@ class KeptForkServer:
                   f"serve on, and another starts in {delay:.0f} s (workers starting meanwhile start cold)",
                   file=sys.stderr, flush=True)
             time.sleep(delay)
-            delay = min(2 * delay, _RESTART_DELAY_MAX_S)
             with self._lock:
                 if self._stopping:
                     return
