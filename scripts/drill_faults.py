@@ -38,7 +38,11 @@ def main() -> int:
                   payload=args.payload.read_bytes(), content_type=args.content_type, swap_model=args.swap_model,
                   clients=args.clients, seconds=args.seconds,
                   command="python " + " ".join(shlex.quote(a) for a in sys.argv))
-    print(write(run_drill(drill), drill, args.out_dir, args.name).read_text())
+    try:
+        record = run_drill(drill)
+    except RuntimeError as exc:
+        ap.error(str(exc))
+    print(write(record, drill, args.out_dir, args.name).read_text())
     return 0
 
 

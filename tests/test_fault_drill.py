@@ -21,6 +21,17 @@ def test_summary_counts_every_outcome_and_splits_latency_at_the_first_kill() -> 
 
 
 @pytest.mark.torchserve
+def test_a_controller_without_its_supervisor_is_a_clear_error_before_any_load(tiny_store, tmp_path) -> None:
+    with noop_with_controller(tiny_store, tmp_path, "noop", ["--no-tune", "--no-adapt"]) as (server, ctl):
+        (tmp_path / "controller.pid").write_text(str(ctl.proc.pid))
+        drill = Drill(workdir=server.workdir, controller_pid_file=tmp_path / "controller.pid",
+                      controller_url=ctl.url, model="noop", payload=b"ping", content_type="application/octet-stream")
+        with pytest.raises(RuntimeError, match="found 0 controllers under pid .* --restart-on-crash"):
+            run_drill(drill)
+        assert ctl.proc.poll() is None  # nothing was killed
+
+
+@pytest.mark.torchserve
 def test_the_drill_loses_nothing_and_sees_both_parts_come_back(tiny_store, tmp_path) -> None:
     # The re-plan loop on, as in make run: it divides the cores among the models by their load.
     with noop_with_controller(tiny_store, tmp_path, "noop", ["--no-tune", "--restart-on-crash"]) \

@@ -98,16 +98,28 @@ def _seconds_until(test: Any, timeout_s: float) -> float | None:
     return None
 
 
-def _kill_fork_server(server: RunningServer) -> dict[str, Any]:
-    (killed,) = fork_servers(server.pid)
+def _one(found: list[int] | set[int], what: str) -> int:
+    if len(found) != 1:
+        raise RuntimeError(f"found {len(found)} {what} ({sorted(found)}), not one")
+    return next(iter(found))
+
+
+def _kill_fork_server(server: RunningServer, check_only: bool = False) -> dict[str, Any]:
+    killed = _one(fork_servers(server.pid), f"fork servers beside TorchServe pid {server.pid} "
+                  "(started by packrat-torchserve, PACKRAT_FORKSERVER on)")
+    if check_only:
+        return {}
     os.kill(killed, signal.SIGKILL)
     back = _seconds_until(lambda: fork_servers(server.pid) - {killed}, 120)
     return {"killed": killed, "another_after_s": back, "replacement": sorted(fork_servers(server.pid) - {killed})}
 
 
-def _kill_controller(d: Drill, server: RunningServer) -> dict[str, Any]:
+def _kill_controller(d: Drill, server: RunningServer, check_only: bool = False) -> dict[str, Any]:
     parent = int(d.controller_pid_file.read_text())
-    (killed,) = [p for p in children_of(parent) if b"packrat.cli" in _cmdline(p)]
+    killed = _one([p for p in children_of(parent) if b"packrat.cli" in _cmdline(p)],
+                  f"controllers under pid {parent} (make run starts it with --restart-on-crash)")
+    if check_only:
+        return {}
     os.kill(killed, signal.SIGKILL)
     status = f"{d.controller_url}/v1/models/{d.model}/status"
 
@@ -160,6 +172,8 @@ def _ready_workers(client: ManagementClient, model: str, timeout_s: float = 300.
 def run_drill(d: Drill) -> dict[str, Any]:
     """The drill; its record (outcomes, what came back and when)."""
     server = RunningServer.attach(d.workdir)
+    _kill_fork_server(server, check_only=True)  # both there, before any load: a clear error
+    _kill_controller(d, server, check_only=True)
     client = ManagementClient(server.management_url, server.key_file)
     before = _ready_workers(client, d.model)
     out = _Outcomes()
