@@ -18,6 +18,7 @@ import pytest
 import requests
 from PIL import Image
 
+from packrat.bench.fault_drill import fork_servers
 from packrat.bench.proc_cpu import comm, group_members
 from packrat.errors import TorchServeError
 from packrat.forkserver import write_shim
@@ -609,18 +610,6 @@ def test_packrat_torchserve_returns_like_torchserve_start_and_stop_stops_it_all(
         _kill_groups_of(str(config))
 
 
-def _fork_servers_under(launcher: int) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            if (entry.name.isdigit() and _parent_of(int(entry.name)) == launcher
-                    and b"packrat.forkserver.server" in (entry / "cmdline").read_bytes()):
-                found.add(int(entry.name))
-        except (OSError, AssertionError):
-            pass
-    return found
-
-
 @pytest.mark.torchserve
 def test_a_killed_fork_server_costs_no_request_and_another_takes_its_place(tiny_store, tmp_path) -> None:
     """kill -9 of the fork server (an OOM kill, an operator) under load: every request is
@@ -630,7 +619,7 @@ def test_a_killed_fork_server_costs_no_request_and_another_takes_its_place(tiny_
     try:
         (worker,) = server.register("noop")
         killed = _parent_of(worker["pid"])
-        assert _fork_servers_under(server.pid) == {killed}
+        assert fork_servers(server.pid) == {killed}
         answered, failed = [], []
         done = threading.Event()
 
@@ -651,7 +640,7 @@ def test_a_killed_fork_server_costs_no_request_and_another_takes_its_place(tiny_
             time.sleep(1.0)
             before = len(answered)
             os.kill(killed, signal.SIGKILL)
-            wait_until(lambda: _fork_servers_under(server.pid) - {killed}, 30, "another fork server")
+            wait_until(lambda: fork_servers(server.pid) - {killed}, 30, "another fork server")
             time.sleep(1.0)
         finally:
             done.set()
@@ -659,7 +648,7 @@ def test_a_killed_fork_server_costs_no_request_and_another_takes_its_place(tiny_
                 client_thread.join(60)
         assert not failed, failed[:5]
         assert before > 0 and len(answered) > before
-        (replacement,) = _fork_servers_under(server.pid)
+        (replacement,) = fork_servers(server.pid)
         client = server.management_client()
         described = client.describe("noop")
         assert [(w["pid"], w["status"]) for w in described["workers"]] == [(worker["pid"], "READY")]

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from packrat.backoff import Backoff
-from packrat.bench.proc_cpu import controller_labels
+from packrat.bench.proc_cpu import children_of, controller_labels
 from packrat.control.supervise import RestartPolicy, supervise
 from serving_support import noop_with_controller, process_alive
 from waiting import wait_until
@@ -116,28 +116,17 @@ def test_a_supervisor_killed_outright_takes_its_child_with_it(tmp_path) -> None:
     wait_until(lambda: not process_alive(child), 30, "the child to die with its supervisor (PDEATHSIG)")
 
 
-def _children_of(pid: int) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and f"PPid:\t{pid}\n" in (entry / "status").read_text():
-                found.add(int(entry.name))
-        except OSError:
-            pass
-    return found
-
-
 @pytest.mark.torchserve
 def test_a_controller_killed_9_comes_back_and_a_refused_start_ends_at_once(tiny_store, tmp_path) -> None:
     flags = ["--no-tune", "--no-adapt", "--restart-on-crash"]
     with noop_with_controller(tiny_store, tmp_path, "noop", flags) as (server, ctl):
-        (first,) = _children_of(ctl.proc.pid)
+        (first,) = children_of(ctl.proc.pid)
         assert b"packrat.cli" in Path(f"/proc/{first}/cmdline").read_bytes()
         assert b"--restart-on-crash" not in Path(f"/proc/{first}/cmdline").read_bytes()
         os.kill(first, signal.SIGKILL)  # an OOM kill, say
 
         def back() -> bool:
-            if _children_of(ctl.proc.pid) - {first}:
+            if set(children_of(ctl.proc.pid)) - {first}:
                 try:
                     return ctl.get("/v1/models/noop/status", timeout=10).status_code == 200
                 except requests.RequestException:
@@ -155,7 +144,7 @@ def test_a_controller_killed_9_comes_back_and_a_refused_start_ends_at_once(tiny_
         second_log = (tmp_path / "state2" / "controller.out").read_text()
         assert "starting it again" not in second_log and "error:" in second_log, second_log[-2000:]
         # A stop (make stop's SIGTERM) ends the supervisor and its controller.
-        (now,) = _children_of(ctl.proc.pid)
+        (now,) = children_of(ctl.proc.pid)
         # The efficiency bench, given make run's pid, reads the child's CPU as the controller's.
         assert controller_labels(ctl.proc.pid) == {ctl.proc.pid: "controller's supervisor (--restart-on-crash)",
                                                    now: "controller"}

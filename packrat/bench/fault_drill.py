@@ -24,7 +24,7 @@ from typing import Any
 
 from packrat.apply.client import ManagementClient, session_for
 from packrat.bench.machine import describe_machine
-from packrat.bench.proc_cpu import children_of
+from packrat.bench.proc_cpu import children_of, command_name
 from packrat.server import RunningServer
 
 
@@ -72,14 +72,7 @@ def _client(d: Drill, server: RunningServer, out: _Outcomes, until: float) -> No
 
 def fork_servers(launcher: int) -> set[int]:
     """The fork servers TorchServe's launcher (packrat-torchserve) runs: its children running one."""
-    return {pid for pid in children_of(launcher) if b"packrat.forkserver.server" in _cmdline(pid)}
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
+    return {pid for pid in children_of(launcher) if command_name(pid) == "packrat.forkserver.server"}
 
 
 def _parent(pid: int) -> int | None:
@@ -116,7 +109,7 @@ def _kill_fork_server(server: RunningServer, check_only: bool = False) -> dict[s
 
 def _kill_controller(d: Drill, server: RunningServer, check_only: bool = False) -> dict[str, Any]:
     parent = int(d.controller_pid_file.read_text())
-    killed = _one([p for p in children_of(parent) if b"packrat.cli" in _cmdline(p)],
+    killed = _one([p for p in children_of(parent) if command_name(p) == "packrat.cli"],
                   f"controllers under pid {parent} (make run starts it with --restart-on-crash)")
     if check_only:
         return {}
