@@ -1,14 +1,21 @@
 """scripts/drill_faults.py's measurement (packrat.bench.fault_drill) against a small make-run
-layout: a real TorchServe, a controller under --restart-on-crash, both faults, the swap."""
+layout: a real TorchServe, a controller under --restart-on-crash, both faults, the swap. It is
+also where a killed fork server (packrat/forkserver) and a crashed controller
+(packrat/control/supervise.py) are tested with the real processes."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+from pathlib import Path
 
 import pytest
 
-from packrat.bench.fault_drill import Drill, run_drill, summary, write
-from serving_support import noop_with_controller
+from packrat.bench.fault_drill import Drill, fork_servers, run_drill, summary, write
+from packrat.bench.proc_cpu import children_of, controller_labels
+from serving_support import noop_with_controller, process_alive
+from waiting import wait_until
 
 
 def test_summary_counts_every_outcome_and_splits_latency_at_the_first_kill() -> None:
@@ -21,38 +28,71 @@ def test_summary_counts_every_outcome_and_splits_latency_at_the_first_kill() -> 
 
 
 @pytest.mark.torchserve
-def test_a_controller_without_its_supervisor_is_a_clear_error_before_any_load(tiny_store, tmp_path) -> None:
-    with noop_with_controller(tiny_store, tmp_path, "noop", ["--no-tune", "--no-adapt"]) as (server, ctl):
-        (tmp_path / "controller.pid").write_text(str(ctl.proc.pid))
-        drill = Drill(workdir=server.workdir, controller_pid_file=tmp_path / "controller.pid",
-                      controller_url=ctl.url, model="noop", payload=b"ping", content_type="application/octet-stream")
-        with pytest.raises(RuntimeError, match="found 0 controllers under pid .* --restart-on-crash"):
-            run_drill(drill)
-        assert ctl.proc.poll() is None  # nothing was killed
-
-
-@pytest.mark.torchserve
-def test_the_drill_loses_nothing_and_sees_both_parts_come_back(tiny_store, tmp_path) -> None:
-    # The re-plan loop on, as in make run: it divides the cores among the models by their load.
+def test_the_helpers_killed_under_load_cost_nothing_and_come_back(tiny_store, tmp_path) -> None:
+    """On a real TorchServe with the controller under --restart-on-crash (the re-plan loop on,
+    as in make run), through the drill: the fork server and the controller killed -9 under
+    load lose no request and restart no worker; both come back, the fork server at the
+    workers' nice, and it forks the next swap's worker. Then the supervisor's other duties
+    (a refused start is final, SIGTERM ends both) and the drill's clear error before any load
+    when make run's pid names no supervised controller. One server for all: CI time."""
     with noop_with_controller(tiny_store, tmp_path, "noop", ["--no-tune", "--restart-on-crash"]) \
             as (server, ctl):
-        (tmp_path / "controller.pid").write_text(str(ctl.proc.pid))
+        (first,) = children_of(ctl.proc.pid)
+        cmdline = Path(f"/proc/{first}/cmdline").read_bytes()
+        assert b"packrat.cli" in cmdline and b"--restart-on-crash" not in cmdline
+        pid_file = tmp_path / "controller.pid"
+        pid_file.write_text(str(first))  # the controller itself, not its supervisor
         # A second, idle model to swap afterwards: while noop has the load, the division gives it
         # one core, where its explicit one-thread plan fits.
         (tmp_path / "store" / "idle").symlink_to(tiny_store / "noop", target_is_directory=True)
         server.register("idle")
-        drill = Drill(workdir=server.workdir, controller_pid_file=tmp_path / "controller.pid",
-                      controller_url=ctl.url, model="noop", payload=b"ping", content_type="application/octet-stream",
-                      swap_model="idle",
-                      clients=2, seconds=8.0, forkserver_kill_at=2.0, controller_kill_at=4.0, command="test")
+        drill = Drill(workdir=server.workdir, controller_pid_file=pid_file, controller_url=ctl.url, model="noop",
+                      payload=b"ping", content_type="application/octet-stream", swap_model="idle", clients=2,
+                      seconds=8.0, forkserver_kill_at=2.0, controller_kill_at=4.0, command="test")
+        with pytest.raises(RuntimeError, match="found 0 controllers under pid .* --restart-on-crash"):
+            run_drill(drill)
+        assert process_alive(first) and len(fork_servers(server.pid)) == 1  # nothing was killed
+
+        pid_file.write_text(str(ctl.proc.pid))
         rec = run_drill(drill)
         md = write(rec, drill, tmp_path, "test").read_text()
-    s = summary(rec["rows"], drill.forkserver_kill_at)
-    assert s["requests"] > 20 and s["failed"] == 0, s
-    before, after = rec["workers_before"], rec["workers_after"]
-    assert before == after or before["version"] != after["version"], (before, after)  # none restarted
-    assert rec["fork_server"]["another_after_s"] is not None and rec["fork_server"]["replacement"]
-    assert rec["controller"]["answering_after_s"] is not None and rec["controller"]["supervisor_alive"]
-    assert rec["swap"]["status"] == 200 and rec["swap"]["forked_by_new_fork_server"] is True, rec["swap"]
-    assert md.startswith("---\ndate: ") and f"0 of {s['requests']} requests failed" in md
-    assert json.loads((tmp_path / "fault-drill-test.json").read_text())["rows"]
+        s = summary(rec["rows"], drill.forkserver_kill_at)
+        assert s["requests"] > 20 and s["failed"] == 0, s
+        assert any(t >= drill.controller_kill_at for t, _o, _ms in rec["rows"])
+        before, after = rec["workers_before"], rec["workers_after"]
+        assert before == after or before["version"] != after["version"], (before, after)  # none restarted
+        fork, ctl_rec, swap = rec["fork_server"], rec["controller"], rec["swap"]
+        assert fork["another_after_s"] is not None and len(fork["replacement"]) == 1
+        assert ctl_rec["killed"] == first and ctl_rec["answering_after_s"] is not None and ctl_rec["supervisor_alive"]
+        assert swap["status"] == 200 and swap["forked_by_new_fork_server"] is True, swap
+        assert md.startswith("---\ndate: ") and f"0 of {s['requests']} requests failed" in md
+        assert json.loads((tmp_path / "fault-drill-test.json").read_text())["rows"]
+        assert f"the fork server (pid {fork['killed']}) ended" in \
+            (server.workdir / "torchserve.out").read_text(errors="replace")
+        assert f"the controller (pid {first}) was killed by SIGKILL" in ctl.log()
+        # Started by a thread that predates the frontend's favour: the new fork server and what it
+        # forked run at the workers' nice, not the JVM's. (The re-plan loop may retire a version
+        # meanwhile: a process gone is skipped.)
+        (replacement,) = fork["replacement"]
+        nices = set()
+        for pid in (replacement, *children_of(replacement)):
+            try:
+                nices.add(os.getpriority(os.PRIO_PROCESS, pid))
+            except ProcessLookupError:
+                pass
+        assert nices == {os.getpriority(os.PRIO_PROCESS, 0)}, nices
+
+        # Another controller on the same TorchServe is refused at start: final, not restarted.
+        second = ctl.spawn(state=tmp_path / "state2")
+        assert second.wait(timeout=120) == 1
+        second_log = (tmp_path / "state2" / "controller.out").read_text()
+        assert "starting it again" not in second_log and "error:" in second_log, second_log[-2000:]
+        # The efficiency bench, given make run's pid, reads the child's CPU as the controller's.
+        (now,) = children_of(ctl.proc.pid)
+        assert controller_labels(ctl.proc.pid) == {ctl.proc.pid: "controller's supervisor (--restart-on-crash)",
+                                                   now: "controller"}
+        assert controller_labels(os.getpid()) == {os.getpid(): "controller"}
+        # A stop (make stop's SIGTERM) ends the supervisor and its controller.
+        ctl.proc.send_signal(signal.SIGTERM)
+        assert ctl.proc.wait(timeout=60) in (0, 128 + signal.SIGTERM)
+        wait_until(lambda: not process_alive(now), 30, "the controller to stop with its supervisor")

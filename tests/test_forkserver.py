@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -18,7 +17,6 @@ import pytest
 import requests
 from PIL import Image
 
-from packrat.bench.fault_drill import fork_servers
 from packrat.bench.proc_cpu import comm, group_members
 from packrat.errors import TorchServeError
 from packrat.forkserver import write_shim
@@ -608,60 +606,3 @@ def test_packrat_torchserve_returns_like_torchserve_start_and_stop_stops_it_all(
             assert _wait_gone(pid, timeout_s=60), pid
     finally:  # whatever is left (the launcher leads its own session): its whole group
         _kill_groups_of(str(config))
-
-
-@pytest.mark.torchserve
-def test_a_killed_fork_server_costs_no_request_and_another_takes_its_place(tiny_store, tmp_path) -> None:
-    """kill -9 of the fork server (an OOM kill, an operator) under load: every request is
-    answered by the same worker, the launcher starts another fork server, and the next
-    worker TorchServe starts is forked warm by that one."""
-    server = start_server(tiny_store, tmp_path / "ts")
-    try:
-        (worker,) = server.register("noop")
-        killed = _parent_of(worker["pid"])
-        assert fork_servers(server.pid) == {killed}
-        answered, failed = [], []
-        done = threading.Event()
-
-        def load() -> None:
-            with requests.Session() as session:
-                while not done.is_set():
-                    try:
-                        r = session.post(f"{server.inference_url}/predictions/noop", data=b"ping",
-                                         headers=server.inference_headers(), timeout=30)
-                        (answered if (r.status_code, r.content) == (200, b"ping") else failed).append(r.status_code)
-                    except requests.RequestException as exc:
-                        failed.append(repr(exc))
-
-        clients = [threading.Thread(target=load) for _ in range(2)]
-        for client_thread in clients:
-            client_thread.start()
-        try:
-            time.sleep(1.0)
-            before = len(answered)
-            os.kill(killed, signal.SIGKILL)
-            wait_until(lambda: fork_servers(server.pid) - {killed}, 30, "another fork server")
-            time.sleep(1.0)
-        finally:
-            done.set()
-            for client_thread in clients:
-                client_thread.join(60)
-        assert not failed, failed[:5]
-        assert before > 0 and len(answered) > before
-        (replacement,) = fork_servers(server.pid)
-        client = server.management_client()
-        described = client.describe("noop")
-        assert [(w["pid"], w["status"]) for w in described["workers"]] == [(worker["pid"], "READY")]
-        assert f"the fork server (pid {killed}) ended" in (server.workdir / "torchserve.out").read_text(errors="replace")
-        client.scale("noop", described["modelVersion"], 2, synchronous=False)
-        wait_until(lambda: len([w for w in client.describe("noop")["workers"] if w["status"] == "READY"]) == 2,
-                   120, "a second noop worker")
-        (added,) = {w["pid"] for w in client.describe("noop")["workers"]} - {worker["pid"]}
-        assert _parent_of(added) == replacement  # forked warm again
-        # Started by a thread that predates the frontend's favour: at the workers' nice, not the JVM's.
-        nices = {os.getpriority(os.PRIO_PROCESS, pid) for pid in (worker["pid"], replacement, added)}
-        assert nices == {os.getpriority(os.PRIO_PROCESS, 0)}, nices
-    finally:
-        server.stop()
-    for pid in (worker["pid"], killed):
-        assert _wait_gone(pid), pid

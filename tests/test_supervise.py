@@ -1,10 +1,9 @@
 """`packrat controller --restart-on-crash` (packrat/control/supervise.py): a crashed
-controller is started again, a refused start or a stop is final; then with a real
-TorchServe and controller."""
+controller is started again, a refused start or a stop is final. With a real TorchServe and
+controller: tests/test_fault_drill.py."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,12 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-import requests
 
 from packrat.backoff import Backoff
-from packrat.bench.proc_cpu import children_of, controller_labels
 from packrat.control.supervise import RestartPolicy, supervise
-from serving_support import noop_with_controller, process_alive
+from serving_support import process_alive
 from waiting import wait_until
 
 QUICK = RestartPolicy(min_uptime_s=0.3, delay_s=0.05, max_delay_s=0.2, stable_s=30.0)
@@ -114,41 +111,3 @@ def test_a_supervisor_killed_outright_takes_its_child_with_it(tmp_path) -> None:
     proc.kill()
     proc.wait(timeout=30)
     wait_until(lambda: not process_alive(child), 30, "the child to die with its supervisor (PDEATHSIG)")
-
-
-@pytest.mark.torchserve
-def test_a_controller_killed_9_comes_back_and_a_refused_start_ends_at_once(tiny_store, tmp_path) -> None:
-    flags = ["--no-tune", "--no-adapt", "--restart-on-crash"]
-    with noop_with_controller(tiny_store, tmp_path, "noop", flags) as (server, ctl):
-        (first,) = children_of(ctl.proc.pid)
-        assert b"packrat.cli" in Path(f"/proc/{first}/cmdline").read_bytes()
-        assert b"--restart-on-crash" not in Path(f"/proc/{first}/cmdline").read_bytes()
-        os.kill(first, signal.SIGKILL)  # an OOM kill, say
-
-        def back() -> bool:
-            if set(children_of(ctl.proc.pid)) - {first}:
-                try:
-                    return ctl.get("/v1/models/noop/status", timeout=10).status_code == 200
-                except requests.RequestException:
-                    return False
-            return False
-
-        wait_until(back, 120, "the controller started again and answering")
-        assert ctl.proc.poll() is None
-        assert f"the controller (pid {first}) was killed by SIGKILL" in ctl.log()
-        # Another controller on the same TorchServe is refused at start: final, not restarted.
-        started = time.monotonic()
-        second = ctl.spawn(state=tmp_path / "state2")
-        assert second.wait(timeout=120) == 1
-        assert time.monotonic() - started < 120
-        second_log = (tmp_path / "state2" / "controller.out").read_text()
-        assert "starting it again" not in second_log and "error:" in second_log, second_log[-2000:]
-        # A stop (make stop's SIGTERM) ends the supervisor and its controller.
-        (now,) = children_of(ctl.proc.pid)
-        # The efficiency bench, given make run's pid, reads the child's CPU as the controller's.
-        assert controller_labels(ctl.proc.pid) == {ctl.proc.pid: "controller's supervisor (--restart-on-crash)",
-                                                   now: "controller"}
-        assert controller_labels(os.getpid()) == {os.getpid(): "controller"}
-        ctl.proc.send_signal(signal.SIGTERM)
-        assert ctl.proc.wait(timeout=60) in (0, 128 + signal.SIGTERM)
-        wait_until(lambda: not process_alive(now), 30, "the controller to stop with its supervisor")
