@@ -102,8 +102,6 @@ def _follow(sock, pidfd) -> None:
                 data = b""
             if not data:  # the fork server is gone; its child is not, where a pidfd follows it
                 state["server"] = False
-                if pidfd is None:
-                    os._exit(1)
                 continue
             pending += data
             while b"\n" in pending:
@@ -113,7 +111,9 @@ def _follow(sock, pidfd) -> None:
                     _die(reply["signal"])
                 if "exit" in reply:
                     os._exit(reply["exit"])
-        else:
+        else:  # the server gone: seen here, or by forward() when a signal could not reach it
+            if pidfd is None:  # no pidfd (a kernel before 5.3, or the child had ended): nothing to follow
+                os._exit(1)
             select.select([pidfd], [], [])  # readable once the child has ended
             if state["passed"] is not None:
                 _die(state["passed"])
