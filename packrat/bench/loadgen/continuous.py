@@ -107,7 +107,12 @@ class ContinuousLoad:
 
         A request still unanswered after its timeout plus stop_grace_s is added
         as a failed sample with error "stuck: ...": every request sent is counted.
+        Once stopped, another stop() (a `with` block's exit, then the caller's) returns
+        the same samples at once: a stuck request was counted by the first.
         """
+        with self._lock:
+            if self._stopped:
+                return list(self.samples)
         self._stop.set()
         deadline = time.monotonic() + self.timeout_s + self.stop_grace_s
         for t in self._threads:
