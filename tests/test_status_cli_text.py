@@ -20,6 +20,10 @@ def test_prediction_names_its_input_shape() -> None:
     # A plan made before sizes were recorded says so rather than implying one.
     assert predicted_text(3.25, None) == "predicted 3.2 ms (input shape not recorded)"
     assert predicted_text(None, {"tokens": 5}) == ""
+    # With the live plan's load batch, as the tune's own "predicted ... at B=8" says it.
+    assert predicted_text(8720.8, {"tokens": 5, "new_tokens": 20}, 8) == \
+        "predicted 8720.8 ms at B=8 for tokens 5, new_tokens 20"
+    assert predicted_text(3.25, None, 2) == "predicted 3.2 ms at B=2 (input shape not recorded)"
 
 
 def test_traffic_text() -> None:

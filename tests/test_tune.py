@@ -433,7 +433,8 @@ def _retune_on_request_reuses_valid_profiles(server, ctl: Ctl) -> None:
     assert "fp32-torchscript" in out.stdout and "reused" in out.stdout
     # ... and what the live plan predicts, for which input shape (the tune's profiles timed the task's sample).
     assert after["predicted_for"], json.dumps(after, indent=1)
-    assert predicted_text(after["predicted_latency_ms"], after["predicted_for"]) in out.stdout
+    assert predicted_text(after["predicted_latency_ms"], after["predicted_for"], after["plan"]["batch"]) \
+        in out.stdout and f" at B={after['plan']['batch']} " in out.stdout
 
 
 @pytest.mark.parametrize("build_s, first_points, retried",

@@ -88,7 +88,8 @@ def status_command(
         stage = stage_text(st)
         pinned = "pinned" if st.get("pin") else ""
         traffic = traffic_text(st.get("traffic"))
-        predicted = predicted_text(st.get("predicted_latency_ms"), st.get("predicted_for"))
+        predicted = predicted_text(st.get("predicted_latency_ms"), st.get("predicted_for"),
+                                   (st.get("plan") or {}).get("batch"))
         typer.echo(f"{name:<12} {st['version']:<6} {st.get('mode') or '-':<18} {shape_text(st.get('plan')):<22} "
                    f"{pinned:<7} {stage}" + (f"  [{predicted}]" if predicted else "")
                    + (f"  [{traffic}]" if traffic else ""))
@@ -121,12 +122,15 @@ def _target(plan: dict[str, Any] | None, otherwise: str) -> str:
     return " ".join(words) or otherwise
 
 
-def predicted_text(ms: float | None, sizes: dict[str, Any] | None) -> str:
-    """The live plan's prediction and the input shape it is for: 'predicted 65.6 ms for tokens 5'."""
+def predicted_text(ms: float | None, sizes: dict[str, Any] | None, batch: int | None = None) -> str:
+    """The live plan's prediction, the load batch and the input shape it is for: 'predicted
+    65.6 ms at B=4 for tokens 5'. B as in the tune's "predicted ... at B=8": after a re-plan
+    (another B, the traffic's sizes) the two figures differ, and each says what it is for."""
     if ms is None:
         return ""
     shape = ", ".join(f"{kind} {size:g}" for kind, size in (sizes or {}).items())
-    return f"predicted {ms_text(ms)} ms" + (f" for {shape}" if shape else " (input shape not recorded)")
+    return (f"predicted {ms_text(ms)} ms" + (f" at B={batch}" if batch else "")
+            + (f" for {shape}" if shape else " (input shape not recorded)"))
 
 
 def traffic_text(traffic: dict[str, Any] | None) -> str:
