@@ -204,8 +204,13 @@ class RunningServer:
         Netty thread that inference connections share, see ManagementClient.register).
         Returns the workers (id, pid, status).
         """
+        self.management_client().register(name, name, workers, synchronous=False)
+        return self.wait_ready(name, workers, timeout_s)
+
+    def wait_ready(self, name: str, workers: int = 1, timeout_s: float = 600.0) -> list[dict]:
+        """Wait until `workers` of registered model `name` are READY (one loaded at start with
+        --models, one registered asynchronously); returns them (id, pid, status)."""
         client = self.management_client()
-        client.register(name, name, workers, synchronous=False)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -217,7 +222,7 @@ class RunningServer:
                 return ready
             if time.monotonic() > deadline or not self.is_running():
                 raise ServerError(
-                    f"register {name}: {len(ready)}/{workers} workers READY after {timeout_s:.0f}s: {found}\n"
+                    f"{name}: {len(ready)}/{workers} workers READY after {timeout_s:.0f}s: {found}\n"
                     f"{self.log_tail()}"
                 )
             time.sleep(0.3)

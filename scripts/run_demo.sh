@@ -51,9 +51,13 @@ else
 fi
 ports_flag=()
 [ "${PACKRAT_FREE_PORTS:-0}" = 1 ] && ports_flag=(--free-ports)
+# The demo models load at start: a frontend that crashes (an OOM kill) is started again with
+# them, and the controller applies each one's last plan again.
+models_flag=()
+for model in "${DEMO_MODELS[@]}"; do models_flag+=(--models "$model"); done
 "$PACKRAT" torchserve start --workdir "$WORKDIR" --model-store "$STORE" --config config.properties \
-  --controller-url "$API" "${ports_flag[@]}"
-"$PACKRAT" torchserve register --workdir "$WORKDIR" "${DEMO_MODELS[@]}"
+  --controller-url "$API" "${ports_flag[@]}" "${models_flag[@]}"
+"$PACKRAT" torchserve register --workdir "$WORKDIR" "${DEMO_MODELS[@]}"  # waits for their workers
 
 # A demo picture for the image model (generated: no download).
 [ -f .packrat/demo.jpg ] || .venv/bin/python - <<'PY'

@@ -606,3 +606,47 @@ def test_packrat_torchserve_returns_like_torchserve_start_and_stop_stops_it_all(
             assert _wait_gone(pid, timeout_s=60), pid
     finally:  # whatever is left (the launcher leads its own session): its whole group
         _kill_groups_of(str(config))
+
+
+def _jvms(server: RunningServer) -> list[int]:
+    return [p for p in group_members(server.pid) if comm(p) == "java"]
+
+
+def _noop_answers(server: RunningServer) -> bool:
+    try:  # the keys are read again each time: a new JVM writes new ones
+        r = requests.post(f"{server.inference_url}/predictions/noop", data=b"ping",
+                          headers=server.inference_headers(), timeout=10)
+    except (requests.RequestException, OSError, ValueError):
+        return False
+    return r.status_code == 200
+
+
+@pytest.mark.torchserve
+def test_a_crashed_frontend_is_started_again_with_its_models_and_a_stopped_one_is_not(tiny_store, tmp_path) -> None:
+    """The JVM killed with SIGKILL (an OOM kill): packrat-torchserve starts TorchServe again with
+    the same arguments, so the model in --models serves again (with fresh keys), and the old
+    JVM's worker is gone. SIGTERM to the JVM (what `torchserve --stop` sends) ends it for good."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "noop").symlink_to(tiny_store / "noop", target_is_directory=True)
+    server = start_server(store, tmp_path / "ts", models=["noop"])
+    try:
+        wait_until(lambda: _noop_answers(server), 120, "noop to answer")
+        (jvm,) = _jvms(server)
+        (old_worker,) = [w["pid"] for w in server.management_client().describe("noop")["workers"]]
+        os.kill(jvm, signal.SIGKILL)
+        wait_until(lambda: [p for p in _jvms(server) if p != jvm], 60, "another JVM")
+        wait_until(lambda: _noop_answers(server), 120, "noop to answer from the new JVM")
+        (new_jvm,) = _jvms(server)
+        (new_worker,) = [w["pid"] for w in server.management_client().describe("noop")["workers"]]
+        assert new_worker != old_worker
+        wait_until(lambda: not process_alive(old_worker), 30, "the old JVM's worker to end")
+        out = (server.workdir / "torchserve.out").read_text(errors="replace")
+        assert f"TorchServe's frontend (pid {jvm}) was killed by SIGKILL" in out, out[-3000:]
+
+        os.kill(new_jvm, signal.SIGTERM)  # stopped on purpose: not started again
+        wait_until(lambda: not server.is_running(), 60, "packrat-torchserve to end with its JVM")
+        out = (server.workdir / "torchserve.out").read_text(errors="replace")
+        assert _jvms(server) == [] and out.count("packrat: TorchServe's frontend (pid") == 1, out[-3000:]
+    finally:
+        server.stop()

@@ -295,7 +295,8 @@ def test_build_without_javac_says_so_and_succeeds(tmp_path: Path) -> None:
 def test_torchserve_start_points_the_plugin_at_the_controller_url_it_is_given(tmp_path: Path) -> None:
     """`make run` with PACKRAT_FREE_PORTS=1 starts its controller on a free port and tells
     TorchServe's plugin where (`packrat torchserve start --controller-url`); the plugin
-    forwarded to 8085 whatever port the controller had before."""
+    forwarded to 8085 whatever port the controller had before. The model named by --models
+    is loaded at start, and `packrat torchserve register` waits for its worker."""
     subprocess.run([str(BUILD)], check=True)
     if not JAR.exists():
         pytest.skip("javac not found: the plugin was not built (scripts/build_plugin.sh)")
@@ -306,8 +307,8 @@ def test_torchserve_start_points_the_plugin_at_the_controller_url_it_is_given(tm
     url = f"http://127.0.0.1:{free_ports(1)[0]}"
     cli = [sys.executable, "-m", "packrat.cli", "torchserve"]
     start = subprocess.run(cli + ["start", "--workdir", str(work), "--model-store", str(store), "--config",
-                                  str(REPO / "config.properties"), "--free-ports", "--controller-url", url],
-                           capture_output=True, text=True, timeout=240)
+                                  str(REPO / "config.properties"), "--free-ports", "--controller-url", url,
+                                  "--models", MODEL], capture_output=True, text=True, timeout=240)
     try:
         assert start.returncode == 0, start.stdout + start.stderr
         server = RunningServer.attach(work)
@@ -315,5 +316,11 @@ def test_torchserve_start_points_the_plugin_at_the_controller_url_it_is_given(tm
         r = requests.get(f"{server.management_url}/packrat/models", headers=server.management_headers(), timeout=30)
         assert r.status_code == 503 and url in r.json()["message"], r.text
         assert "8085" not in r.json()["message"]
+        # Loaded at start (--models, as make run does), so `register` waits for its worker instead.
+        reg = subprocess.run(cli + ["register", "--workdir", str(work), MODEL], capture_output=True, text=True,
+                             timeout=240)
+        assert reg.returncode == 0 and f"{MODEL}: already registered, a worker READY" in reg.stdout, \
+            reg.stdout + reg.stderr
+        assert [w["status"] for w in server.management_client().describe(MODEL)["workers"]] == ["READY"]
     finally:
         subprocess.run(cli + ["stop", "--workdir", str(work)], capture_output=True, timeout=120)

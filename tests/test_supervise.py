@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from packrat.backoff import Backoff
+from packrat.backoff import STOPPED_EXITS, Backoff, crashed, how_it_ended
 from packrat.control.supervise import RestartPolicy, supervise
 from serving_support import process_alive
 from waiting import wait_until
@@ -42,6 +42,17 @@ def test_the_backoff_doubles_to_its_cap_and_starts_over_after_a_stable_run() -> 
     backoff = Backoff(first_s=1.0, max_s=8.0, stable_s=60.0)
     assert [backoff.after(2.0) for _ in range(6)] == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
     assert backoff.after(60.0) == 1.0 and backoff.after(0.5) == 2.0
+
+
+def test_what_counts_as_a_crash_for_the_controller_and_for_the_jvm() -> None:
+    kill, term = -signal.SIGKILL, -signal.SIGTERM
+    assert crashed(kill, 0.1, 10.0) and crashed(-signal.SIGSEGV, 0.1, 10.0)  # whenever it happens
+    assert not crashed(term, 100.0, 10.0) and not crashed(0, 100.0, 10.0)
+    assert crashed(3, 10.0, 10.0) and not crashed(3, 9.9, 10.0)  # sooner: a start-up refusal
+    # A JVM catches SIGTERM (torchserve --stop) and exits 143: stopped on purpose, not a crash.
+    assert crashed(143, 100.0, 10.0) and not crashed(143, 100.0, 10.0, STOPPED_EXITS)
+    assert crashed(1, 100.0, 10.0, STOPPED_EXITS) and crashed(kill, 100.0, 10.0, STOPPED_EXITS)
+    assert (how_it_ended(kill), how_it_ended(3)) == ("was killed by SIGKILL", "exited with 3")
 
 
 def test_a_child_killed_by_a_signal_is_started_again_with_a_growing_delay(tmp_path) -> None:

@@ -49,6 +49,9 @@ def start(
     controller_url: Optional[str] = typer.Option(
         None, "--controller-url", help="where the endpoint plugin forwards /packrat/... (the config's "
         "packrat_controller_url, else http://127.0.0.1:8085): the controller's --port, on loopback"),
+    models: Optional[list[str]] = typer.Option(
+        None, "--models", help="archive names in the model store to load at start (repeat the option); "
+        "a frontend that crashes is started again with them"),
 ) -> None:
     """Start TorchServe detached; returns once /ping is healthy."""
     from packrat.server import Ports, RunningServer, read_properties, start_torchserve
@@ -64,7 +67,8 @@ def start(
     ports = None if free_ports else Ports.fixed_from(read_properties(config))
     extra = {"packrat_controller_url": controller_url} if controller_url else None
     try:
-        server = start_torchserve(model_store, workdir, config_template=config, ports=ports, extra_properties=extra)
+        server = start_torchserve(model_store, workdir, config_template=config, ports=ports, extra_properties=extra,
+                                  models=models or None)
     except PackratError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -91,7 +95,8 @@ def register_models(
     workdir: Path = WORKDIR,
     workers: int = typer.Option(1, help="initial workers per model"),
 ) -> None:
-    """Register archives by name; returns when their workers are READY."""
+    """Register archives by name; returns when their workers are READY. One already registered
+    (loaded at start with --models) is waited for until a worker of it is READY."""
     from concurrent.futures import ThreadPoolExecutor
 
     server = _attached(workdir)
@@ -100,20 +105,15 @@ def register_models(
     except PackratError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    for name in names:
-        if name in loaded:
-            typer.echo(f"{name}: already registered")
-    todo = [n for n in names if n not in loaded]
-    if not todo:
-        return
     # In parallel: each worker spends seconds importing torch; TorchServe loads concurrently.
-    with ThreadPoolExecutor(len(todo)) as pool:
-        futures = {name: pool.submit(server.register, name, workers) for name in todo}
+    with ThreadPoolExecutor(len(names)) as pool:
+        futures = {name: (pool.submit(server.wait_ready, name, 1) if name in loaded
+                          else pool.submit(server.register, name, workers)) for name in names}
         failed = False
         for name, future in futures.items():
             try:
                 future.result()
-                typer.echo(f"{name}: registered")
+                typer.echo(f"{name}: {'already registered, a worker READY' if name in loaded else 'registered'}")
             except PackratError as exc:
                 typer.echo(f"error: {name}: {exc}", err=True)
                 failed = True

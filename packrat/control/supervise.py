@@ -26,10 +26,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from packrat.backoff import Backoff
+from packrat.backoff import STOP_SIGNALS, Backoff, crashed, how_it_ended
 
 _PR_SET_PDEATHSIG = 1
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
@@ -43,19 +42,6 @@ class RestartPolicy:
 def _die_with_parent() -> None:
     # In the child before exec: a supervisor killed with SIGKILL leaves no controller behind.
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def crashed(returncode: int, lived_s: float, policy: RestartPolicy) -> bool:
-    if returncode < 0:
-        return -returncode not in _STOP_SIGNALS
-    return returncode != 0 and lived_s >= policy.min_uptime_s
 
 
 def supervise(command: Sequence[str], policy: RestartPolicy = RestartPolicy(),
@@ -73,7 +59,7 @@ def supervise(command: Sequence[str], policy: RestartPolicy = RestartPolicy(),
 
     # A signal ignored here stays ignored, in the child too (nohup's SIGHUP, a background
     # job's SIGINT: closing make run's terminal must not stop the controller).
-    previous = {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS
                 if signal.getsignal(signum) is not signal.SIG_IGN}
     backoff = Backoff(policy.delay_s, policy.max_delay_s, policy.stable_s)
     try:
@@ -82,11 +68,10 @@ def supervise(command: Sequence[str], policy: RestartPolicy = RestartPolicy(),
             child = subprocess.Popen(list(command), preexec_fn=_die_with_parent)
             code = child.wait()
             lived = time.monotonic() - started
-            if stopping.is_set() or not crashed(code, lived, policy):
+            if stopping.is_set() or not crashed(code, lived, policy.min_uptime_s):
                 return 128 - code if code < 0 else code
-            how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with {code}"
             delay = backoff.after(lived)
-            say(f"packrat: the controller (pid {child.pid}) {how} after {lived:.0f} s; "
+            say(f"packrat: the controller (pid {child.pid}) {how_it_ended(code)} after {lived:.0f} s; "
                 f"starting it again in {delay:g} s")
             if stopping.wait(delay):
                 return 128 + stopped_by[0]

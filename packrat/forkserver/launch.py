@@ -13,7 +13,12 @@ the `python` it hands the frontend for workers (`--python sys.executable` there,
 one switch TorchServe 0.12 has for it). Without a usable shim it runs TorchServe
 unchanged. A fork server that ends while TorchServe runs (killed, OOM) is started
 again (KeptForkServer); its workers serve on meanwhile, and workers started in between
-start cold.
+start cold. A frontend (the JVM) that crashes is started again too, with the same
+arguments (keep_frontend): the models named by `--models` load again, and a controller
+beside it applies each one's last plan again (its restart watch). What was registered
+later is gone with the JVM, as with `torchserve --ncs`; requests in flight at the crash
+fail, as they would with `torchserve`. Stopped on purpose (`torchserve --stop`, SIGTERM
+to the JVM or to this process's group) it ends.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import time
 from pathlib import Path
 
 from packrat import settings
-from packrat.backoff import Backoff
+from packrat.backoff import STOPPED_EXITS, Backoff, crashed, how_it_ended
 from packrat.forkserver import enabled, write_shim
 from packrat.forkserver.private_dir import make_private_dir
 from packrat.forkserver.server import BASE_PRELOAD, MODEL_PRELOAD
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
                                      "--idle-preload", ",".join(MODEL_PRELOAD)], socket_path)
             sys.executable = str(shim)
             print(f"packrat: {favour_frontend(settings.value('frontend_nice'))}", file=sys.stderr, flush=True)
-        _run_torchserve(args)
+        keep_frontend(args)
     finally:
         if server is not None:
             server.stop()
@@ -152,11 +157,54 @@ def favour_frontend(levels: int) -> str:
     return f"TorchServe's frontend at nice {target}, its workers at {now}"
 
 
-def _run_torchserve(args: list[str]) -> None:
-    from ts.model_server import start
+# A JVM that ran this long and then exited non-zero crashed; sooner, it refused to start
+# (a port taken, a bad config), which starting again would only repeat.
+FRONTEND_MIN_UPTIME_S = 10.0
 
+
+def keep_frontend(args: list[str], backoff: Backoff | None = None) -> None:
+    """TorchServe's launcher in the foreground, started again each time its JVM crashes (killed
+    by a signal other than a stop signal, SIGKILL of an OOM kill included, or a non-zero exit
+    other than 143 after FRONTEND_MIN_UPTIME_S); returns once it ends otherwise."""
+    backoff = backoff or Backoff()
+    while True:
+        started = time.monotonic()
+        jvm = _run_torchserve(args)
+        lived = time.monotonic() - started
+        if jvm is None or jvm.returncode is None or not crashed(jvm.returncode, lived, FRONTEND_MIN_UPTIME_S,
+                                                                  STOPPED_EXITS):
+            return
+        delay = backoff.after(lived)
+        print(f"packrat: TorchServe's frontend (pid {jvm.pid}) {how_it_ended(jvm.returncode)} after {lived:.0f} s; "
+              f"starting it again in {delay:g} s with the same arguments (the models in --models load again; "
+              "fresh keys in key_file.json)", file=sys.stderr, flush=True)
+        time.sleep(delay)
+
+
+def _run_torchserve(args: list[str]) -> subprocess.Popen | None:
+    """TorchServe's own launcher (ts.model_server.start) with `args`; the JVM it started and
+    waited for in the foreground (None: it started none, e.g. --stop or already running).
+
+    start() keeps the JVM's exit status to itself: its module's `subprocess` is swapped for one
+    whose Popen remembers what it started (only there: other threads' Popen are untouched)."""
+    import types
+
+    import ts.model_server as ts_launcher
+
+    started: list[subprocess.Popen] = []
+
+    class _Remembered(subprocess.Popen):
+        def __init__(self, *a: object, **kw: object) -> None:
+            super().__init__(*a, **kw)  # type: ignore[arg-type]
+            started.append(self)
+
+    ts_launcher.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": _Remembered})
     sys.argv = ["torchserve", *args]
-    start()
+    try:
+        ts_launcher.start()
+    finally:
+        ts_launcher.subprocess = subprocess
+    return started[-1] if started else None
 
 
 if __name__ == "__main__":
