@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Kill -9 the fork server and the controller of a running `make run` under load, then swap
-(packrat.bench.fault_drill): what was lost, and when each part came back.
+"""Kill -9 the fork server and the controller of a running `make run` under load (with
+--kill-frontend-at, TorchServe's frontend too), then swap (packrat.bench.fault_drill): what
+was lost, and when each part came back.
 
     make run    # and wait until `packrat status` shows the models applied
     python scripts/drill_faults.py --model resnet50 --payload .packrat/demo.jpg \
@@ -29,6 +30,8 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=40.0)
     ap.add_argument("--swap-model", default="noop", help="the model a plan is applied to afterwards")
+    ap.add_argument("--kill-frontend-at", type=float, default=None,
+                    help="also kill TorchServe's frontend (the JVM) at this many seconds")
     ap.add_argument("--state-dir", type=Path, default=ROOT / ".packrat", help="make run's state directory")
     ap.add_argument("--name", required=True, help="file stem: fault-drill-<name>")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "benchmarks")
@@ -36,7 +39,7 @@ def main() -> int:
     drill = Drill(workdir=args.state_dir / "torchserve", controller_pid_file=args.state_dir / "controller.pid",
                   controller_url=(args.state_dir / "controller.url").read_text().strip(), model=args.model,
                   payload=args.payload.read_bytes(), content_type=args.content_type, swap_model=args.swap_model,
-                  clients=args.clients, seconds=args.seconds,
+                  clients=args.clients, seconds=args.seconds, frontend_kill_at=args.kill_frontend_at,
                   command="python " + " ".join(shlex.quote(a) for a in sys.argv))
     try:
         record = run_drill(drill)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from packrat.bench.fault_drill import Drill, fork_servers, run_drill, summary, write
+from packrat.bench.fault_drill import Drill, fork_servers, frontend_figures, run_drill, summary, write
 from packrat.bench.proc_cpu import children_of, controller_labels
 from serving_support import noop_with_controller, process_alive
 from waiting import wait_until
@@ -25,6 +25,13 @@ def test_summary_counts_every_outcome_and_splits_latency_at_the_first_kill() -> 
     assert s["requests"] == 5 and s["failed"] == 2
     assert s["by_outcome"] == {"200": 3, "503": 1, "ConnectionError": 1}
     assert s["before"] == "p50 20.0 ms, max 30.0 ms" and s["after"] == "p50 50.0 ms, max 50.0 ms"
+
+
+def test_the_frontends_kill_splits_failures_at_it_and_times_the_first_answer_after_it() -> None:
+    rows = [(1.0, "200", 5.0), (2.0, "503", 5.0), (3.1, "ConnectionError", 1.0), (3.5, "401", 1.0),
+            (5.5, "200", 9.0), (6.0, "200", 9.0)]
+    assert frontend_figures({"rows": rows}, 3.0) == {"failed_before": 1, "failed_from": 2, "served_again_after_s": 2.5}
+    assert frontend_figures({"rows": rows[:4]}, 3.0)["served_again_after_s"] is None
 
 
 @pytest.mark.torchserve

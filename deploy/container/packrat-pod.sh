@@ -137,7 +137,8 @@ ctl_pid=$!
 log "TorchServe pid $ts_pid, controller pid $ctl_pid"
 
 # Whichever exits first ends the container; the kubelet restarts it. (A controller that
-# crashes after its start is started again by --restart-on-crash, serving untouched.)
+# crashes after its start is started again by --restart-on-crash, serving untouched; a
+# TorchServe frontend that crashes is started again by packrat-torchserve with $PACKRAT_MODELS.)
 set +e
 wait -n "$ts_pid" "$ctl_pid"
 code=$?

@@ -24,7 +24,7 @@ from typing import Any
 
 from packrat.apply.client import ManagementClient, session_for
 from packrat.bench.machine import describe_machine
-from packrat.bench.proc_cpu import children_of, command_name
+from packrat.bench.proc_cpu import children_of, comm, command_name, group_members
 from packrat.server import RunningServer
 
 
@@ -42,6 +42,10 @@ class Drill:
     seconds: float = 40.0
     forkserver_kill_at: float = 10.0
     controller_kill_at: float = 20.0
+    # TorchServe's frontend (the JVM) too, at this many seconds (None: not): its requests in
+    # flight fail and it is started again; the report says when it served again, and when the
+    # controller had applied the model's last plan again.
+    frontend_kill_at: float | None = None
     command: str = ""
 
 
@@ -66,8 +70,11 @@ def _client(d: Drill, server: RunningServer, out: _Outcomes, until: float) -> No
             try:
                 r = session.post(url, data=d.payload, headers=headers, timeout=120)
                 out.add(t0, str(r.status_code))
+                if r.status_code == 401:  # a restarted frontend made new keys: read them again
+                    headers = {**server.inference_headers(), "Content-Type": d.content_type}
             except Exception as exc:  # noqa: BLE001 - every failure is a row of the report
                 out.add(t0, type(exc).__name__)
+                time.sleep(0.05)  # a frontend that is down refuses at once: do not spin
 
 
 def fork_servers(launcher: int) -> set[int]:
@@ -128,6 +135,37 @@ def _kill_controller(d: Drill, server: RunningServer, check_only: bool = False) 
             "supervisor": parent, "supervisor_alive": os.path.exists(f"/proc/{parent}")}
 
 
+def _jvms(server: RunningServer) -> set[int]:
+    return {pid for pid in group_members(server.pid) if comm(pid) == "java"}
+
+
+def _kill_frontend(d: Drill, server: RunningServer, client: ManagementClient) -> dict[str, Any]:
+    """SIGKILL to the JVM; when another ran, and when the model's default version was a
+    Packrat version again (the controller's restart watch applied its last plan again after
+    TorchServe loaded the base archive)."""
+    killed = _one(_jvms(server), f"JVMs in TorchServe's process group {server.pid}")
+    os.kill(killed, signal.SIGKILL)
+    started = time.monotonic()
+    another = _seconds_until(lambda: _jvms(server) - {killed}, 300)
+
+    def version() -> str | None:
+        try:
+            described = client.describe(d.model)  # the key file is read again: new keys
+        except Exception:  # noqa: BLE001 - not up yet
+            return None
+        ready = [w for w in described.get("workers", []) if w.get("status") == "READY"]
+        return described.get("modelVersion") if ready else None
+
+    base = None
+    while time.monotonic() - started < 600 and base is None:
+        base = version()
+        time.sleep(0.2)
+    reapplied = _seconds_until(lambda: version() not in (None, base), 600)
+    return {"killed": killed, "another_after_s": another, "base_version": base,
+            "last_plan_again_after_s": None if reapplied is None else round(time.monotonic() - started, 2),
+            "version_after": version()}
+
+
 def _swap(d: Drill, server: RunningServer, fork_server: list[int]) -> dict[str, Any]:
     url = f"{d.controller_url}/v1/models/{d.swap_model}/apply"
     body = {"instances": list(d.swap_plan), "pin": False}
@@ -167,6 +205,8 @@ def run_drill(d: Drill) -> dict[str, Any]:
     server = RunningServer.attach(d.workdir)
     _kill_fork_server(server, check_only=True)  # both there, before any load: a clear error
     _kill_controller(d, server, check_only=True)
+    if d.frontend_kill_at is not None:
+        _one(_jvms(server), f"JVMs in TorchServe's process group {server.pid}")
     client = ManagementClient(server.management_url, server.key_file)
     before = _ready_workers(client, d.model)
     out = _Outcomes()
@@ -179,13 +219,17 @@ def run_drill(d: Drill) -> dict[str, Any]:
     fork = _kill_fork_server(server)
     time.sleep(max(0.0, out.started + d.controller_kill_at - time.monotonic()))
     ctl = _kill_controller(d, server)
+    frontend = None
+    if d.frontend_kill_at is not None:
+        time.sleep(max(0.0, out.started + d.frontend_kill_at - time.monotonic()))
+        frontend = _kill_frontend(d, server, client)
     for t in threads:
         t.join(d.seconds + 180)
     after = _ready_workers(client, d.model)
     return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": describe_machine().label,
             "cores": len(os.sched_getaffinity(0)), "model": d.model, "clients": d.clients, "seconds": d.seconds,
-            "fork_server": fork, "controller": ctl, "workers_before": before, "workers_after": after,
-            "swap": _swap(d, server, fork["replacement"]), "rows": out.rows}
+            "fork_server": fork, "controller": ctl, "frontend": frontend, "workers_before": before,
+            "workers_after": after, "swap": _swap(d, server, fork["replacement"]), "rows": out.rows}
 
 
 def summary(rows: list[tuple[float, str, float]], first_kill_s: float) -> dict[str, Any]:
@@ -215,9 +259,39 @@ def windows(rows: list[tuple[float, str, float]], seconds: float, width_s: float
     return out
 
 
+def frontend_figures(rec: dict[str, Any], kill_at: float) -> dict[str, Any]:
+    """What the frontend's kill cost: the requests that failed before it and from it on, and how
+    long after it the first request sent was answered."""
+    rows = rec["rows"]
+    answered = [t for t, o, _ms in rows if o == "200" and t >= kill_at]
+    return {"failed_before": sum(o != "200" for t, o, _ms in rows if t < kill_at),
+            "failed_from": sum(o != "200" for t, o, _ms in rows if t >= kill_at),
+            "served_again_after_s": round(min(answered) - kill_at, 2) if answered else None}
+
+
+def _frontend_lines(rec: dict[str, Any], d: Drill) -> tuple[str, list[str]]:
+    """The figures line's words and the table's rows for the frontend's kill ("", [] without one)."""
+    fe = rec.get("frontend")
+    if not fe or d.frontend_kill_at is None:
+        return "", []
+    f = frontend_figures(rec, d.frontend_kill_at)
+    words = (f"; the frontend (JVM) killed -9 at {d.frontend_kill_at:g} s: another after {fe['another_after_s']} s, "
+             f"a request sent {f['served_again_after_s']} s after the kill answered, {f['failed_from']} failed from "
+             f"the kill on ({f['failed_before']} before it), the last plan applied again after "
+             f"{fe['last_plan_again_after_s']} s")
+    return words, [
+        f"| the frontend (JVM, pid {fe['killed']}) killed at {d.frontend_kill_at:g} s | another JVM after "
+        f"{fe['another_after_s']} s; the first request answered was sent {f['served_again_after_s']} s after the "
+        f"kill; {f['failed_from']} requests failed from the kill on, {f['failed_before']} before it |",
+        f"| `{d.model}` after the frontend's restart | TorchServe loaded version {fe['base_version']} (--models); "
+        f"the controller applied its last plan again after {fe['last_plan_again_after_s']} s (version "
+        f"{fe['version_after']}) |"]
+
+
 def write(rec: dict[str, Any], d: Drill, out_dir: Path, name: str) -> Path:
     """<out_dir>/fault-drill-<name>.md and .json (the rows)."""
     s = summary(rec["rows"], d.forkserver_kill_at)
+    frontend_words, frontend_rows = _frontend_lines(rec, d)
     (out_dir / f"fault-drill-{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
     fork, ctl, swap = rec["fork_server"], rec["controller"], rec["swap"]
     before, after = rec["workers_before"], rec["workers_after"]
@@ -232,13 +306,14 @@ def write(rec: dict[str, Any], d: Drill, out_dir: Path, name: str) -> Path:
         f"figures: {s['failed']} of {s['requests']} requests failed while the fork server and the controller were "
         f"killed -9 under {d.clients} clients on {d.model}; another fork server after {fork['another_after_s']} s, "
         f"the controller answering again after {ctl['answering_after_s']} s; the next swap's workers forked by the "
-        f"new fork server: {swap.get('forked_by_new_fork_server')}",
+        f"new fork server: {swap.get('forked_by_new_fork_server')}{frontend_words}",
         "---", "",
         f"# Fault drill: {name}", "",
         f"{d.clients} closed-loop clients sent the same payload to `{d.model}` for {d.seconds:g} s; at "
         f"{d.forkserver_kill_at:g} s the fork server (pid {fork['killed']}) was killed with SIGKILL, at "
-        f"{d.controller_kill_at:g} s the controller (pid {ctl['killed']}); then a plan was applied to "
-        f"`{d.swap_model}`.", "",
+        f"{d.controller_kill_at:g} s the controller (pid {ctl['killed']})"
+        + (f", at {d.frontend_kill_at:g} s TorchServe's frontend" if frontend_rows else "")
+        + f"; then a plan was applied to `{d.swap_model}`.", "",
         "| what | result |", "|---|---|",
         f"| requests | {s['requests']}: {', '.join(f'{k} x{v}' for k, v in sorted(s['by_outcome'].items()))} |",
         f"| latency of the answered, before the first kill | {s['before']} |",
@@ -248,7 +323,8 @@ def write(rec: dict[str, Any], d: Drill, out_dir: Path, name: str) -> Path:
         f"| the controller answering again | after {ctl['answering_after_s']} s; its supervisor alive: "
         f"{ctl['supervisor_alive']} |",
         f"| the swap of `{d.swap_model}` afterwards | HTTP {swap.get('status')}, {swap.get('duration_s')} s, workers "
-        f"{swap.get('workers')}, forked by the new fork server: {swap.get('forked_by_new_fork_server')} |", "",
+        f"{swap.get('workers')}, forked by the new fork server: {swap.get('forked_by_new_fork_server')} |",
+        *frontend_rows, "",
         "Requests by when they were sent (what came back up takes its CPU from the serving workers):", "",
         "| sent at | requests | not 200 | p50 ms | max ms |", "|---|---:|---:|---:|---:|",
         *windows(rec["rows"], d.seconds), "",
