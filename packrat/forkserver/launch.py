@@ -177,7 +177,7 @@ def keep_frontend(args: list[str], backoff: Backoff | None = None) -> None:
         delay = backoff.after(lived)
         print(f"packrat: TorchServe's frontend (pid {jvm.pid}) {how_it_ended(jvm.returncode)} after {lived:.0f} s; "
               f"starting it again in {delay:g} s with the same arguments (the models in --models load again; "
-              "fresh keys in key_file.json)", file=sys.stderr, flush=True)
+              "with token authorization on, it writes new keys into key_file.json)", file=sys.stderr, flush=True)
         time.sleep(delay)
 
 
