@@ -70,7 +70,7 @@ def _client(d: Drill, server: RunningServer, out: _Outcomes, until: float) -> No
             try:
                 r = session.post(url, data=d.payload, headers=headers, timeout=120)
                 out.add(t0, str(r.status_code))
-                if r.status_code == 401:  # a restarted frontend made new keys: read them again
+                if r.status_code != 200:  # a restarted frontend made new keys (0.12 answers 400): read them
                     headers = {**server.inference_headers(), "Content-Type": d.content_type}
             except Exception as exc:  # noqa: BLE001 - every failure is a row of the report
                 out.add(t0, type(exc).__name__)
@@ -209,6 +209,7 @@ def run_drill(d: Drill) -> dict[str, Any]:
         _one(_jvms(server), f"JVMs in TorchServe's process group {server.pid}")
     client = ManagementClient(server.management_url, server.key_file)
     before = _ready_workers(client, d.model)
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     out = _Outcomes()
     until = out.started + d.seconds
     threads = [threading.Thread(target=_client, args=(d, server, out, until), daemon=True)
@@ -226,7 +227,7 @@ def run_drill(d: Drill) -> dict[str, Any]:
     for t in threads:
         t.join(d.seconds + 180)
     after = _ready_workers(client, d.model)
-    return {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": describe_machine().label,
+    return {"started": started, "machine": describe_machine().label,
             "cores": len(os.sched_getaffinity(0)), "model": d.model, "clients": d.clients, "seconds": d.seconds,
             "fork_server": fork, "controller": ctl, "frontend": frontend, "workers_before": before,
             "workers_after": after, "swap": _swap(d, server, fork["replacement"]), "rows": out.rows}
@@ -295,7 +296,10 @@ def write(rec: dict[str, Any], d: Drill, out_dir: Path, name: str) -> Path:
     (out_dir / f"fault-drill-{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
     fork, ctl, swap = rec["fork_server"], rec["controller"], rec["swap"]
     before, after = rec["workers_before"], rec["workers_after"]
-    if before == after:
+    if rec.get("frontend"):
+        workers = (f"version {before['version']} -> {after['version']}, other processes: the new frontend's, "
+                   "the last plan applied again")
+    elif before == after:
         workers = "the same processes"
     elif before["version"] != after["version"]:
         workers = f"version {before['version']} -> {after['version']}: a swap (the re-plan loop follows the load)"
