@@ -68,13 +68,16 @@ def _client(d: Drill, server: RunningServer, out: _Outcomes, until: float) -> No
         while time.monotonic() < until:
             t0 = time.monotonic()
             try:
-                r = session.post(url, data=d.payload, headers=headers, timeout=120)
-                out.add(t0, str(r.status_code))
-                if r.status_code != 200:  # a restarted frontend made new keys (0.12 answers 400): read them
-                    headers = {**server.inference_headers(), "Content-Type": d.content_type}
+                outcome = str(session.post(url, data=d.payload, headers=headers, timeout=120).status_code)
             except Exception as exc:  # noqa: BLE001 - every failure is a row of the report
-                out.add(t0, type(exc).__name__)
+                outcome = type(exc).__name__
+            out.add(t0, outcome)
+            if outcome != "200":
                 time.sleep(0.05)  # a frontend that is down refuses at once: do not spin
+                try:  # a restarted frontend made new keys (0.12 answers a stale one with 400)
+                    headers = {**server.inference_headers(), "Content-Type": d.content_type}
+                except Exception:  # noqa: BLE001 - its key file is not written yet
+                    pass
 
 
 def fork_servers(launcher: int) -> set[int]:
