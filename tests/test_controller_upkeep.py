@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
@@ -146,7 +147,6 @@ def test_the_fallback_profile_is_parsed_again_only_when_it_changes(tmp_path: Pat
 
 
 def test_the_rest_server_wakes_once_a_second_and_still_stops_and_dates() -> None:
-    import time
     from email.utils import parsedate_to_datetime
 
     from fastapi import FastAPI
@@ -221,3 +221,23 @@ def test_a_status_after_a_fresh_tick_asks_torchserve_once(tmp_path: Path, monkey
         assert status.observed.requests_total == 1 == metrics.observation(whole, "m1", 0.0).requests_total
     finally:
         stop_in_background(server)
+
+
+def test_the_restart_watch_applies_last_plans_again_busiest_model_first() -> None:
+    """After a TorchServe restart every model's last plan is applied again, one swap at a time:
+    the model with traffic first (its requests since the new frontend started), ties in the
+    order TorchServe listed them, and only models with a last plan whose version is not live."""
+    from packrat.control.loop import busiest_first
+    from packrat.control.swaps import Swaps
+
+    counts = {"a-idle": 0.0, "b-busy": 120.0, "c-idle": 0.0, "d-some": 3.0}
+    order = busiest_first({m: "" for m in counts}, counts.__getitem__)
+    assert order == ["b-busy", "d-some", "a-idle", "c-idle"]
+
+    class Files:
+        def last_plans(self) -> dict:  # insertion order: as last-plans.json was written
+            return {m: {"version": "p1", "url": f"{m}.p1"} for m in ("c-idle", "a-idle", "d-some", "b-busy")}
+
+    swaps = Swaps(None, None, Files(), None, None, time.monotonic, 0.0, (), lambda m: ())  # type: ignore[arg-type]
+    live = {"d-some": "d-some.p1"}  # its last swap's version is still the default: not lost
+    assert [m for m, _ in swaps._unsure(order, live)] == ["b-busy", "a-idle", "c-idle"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,15 @@ class _Kept:
     at: float  # time.monotonic() then
 
 
+def busiest_first(models: Iterable[str], requests: Callable[[str], float]) -> list[str]:
+    """`models`, those with more requests counted first (ties keep their order). After a
+    TorchServe restart the restart watch applies each model's last plan again, one swap at a
+    time: the model under load must not wait behind idle ones, still on their base archives
+    (the new frontend counts from 0, so the counts are the traffic since it started)."""
+    counted = {m: requests(m) for m in models}
+    return sorted(counted, key=lambda m: -counted[m])
+
+
 class Ticker:
     def __init__(self, client: ManagementClient, model_store: Path, policy: Policy | None, swaps: Swaps,
                  planner: Planner, shares: CoreDivision, files: StateFiles, observer: Observer,
@@ -92,7 +101,7 @@ class Ticker:
         models = self._reachable_models()
         if models is None:
             return []
-        started = self.guarded("watch", lambda: self.swaps.watch(list(models), models)) or []
+        started = self.guarded("watch", lambda: self.swaps.watch(busiest_first(models, self._requests), models)) or []
         if self.policy is None:
             return started
         policy = self.policy
@@ -118,6 +127,14 @@ class Ticker:
         self.guarded("policy state", lambda: self.files.save_policy_state(all_state, QUIET_STATE_KEYS))
         started += self.guarded("footprint", lambda: self._footprint(states)) or []
         return started
+
+    def _requests(self, model: str) -> float:
+        """The requests TorchServe counted for `model` (the tick's one scrape); 0 when unknown."""
+        try:
+            obs = self.observer.observe(model)
+        except TorchServeError:
+            return 0.0
+        return 0.0 if obs is None else obs.requests_total
 
     def _reading(self, model: str) -> ModelState:
         """The model's reading for this tick: kept from an earlier tick while the model is idle

@@ -233,10 +233,12 @@ class Swaps:
     def _unsure(self, models: Sequence[str],
                 default_urls: Mapping[str, str] | None) -> list[tuple[str, dict[str, Any]]]:
         """(model, last-plans.json entry) of the `models` whose last swap's version may be lost: all
-        but those whose default version, as TorchServe listed it (`default_urls`), is that version."""
+        but those whose default version, as TorchServe listed it (`default_urls`), is that version;
+        in the order of `models` (the tick's: those with traffic first)."""
         quick = default_urls or {}
-        return [(model, entry) for model, entry in self.files.last_plans().items()
-                if model in models and (entry.get("url") is None or quick.get(model) != entry.get("url"))]
+        plans = self.files.last_plans()
+        return [(model, plans[model]) for model in models
+                if model in plans and (plans[model].get("url") is None or quick.get(model) != plans[model].get("url"))]
 
     def _lost(self, model: str, entry: dict[str, Any]) -> bool:
         """The version of `model`'s last swap is not loaded, and its re-apply is not backing off."""
