@@ -142,31 +142,29 @@ def _jvms(server: RunningServer) -> set[int]:
     return {pid for pid in group_members(server.pid) if comm(pid) == "java"}
 
 
-def _kill_frontend(d: Drill, server: RunningServer, client: ManagementClient) -> dict[str, Any]:
-    """SIGKILL to the JVM; when another ran, and when the model's default version was a
-    Packrat version again (the controller's restart watch applied its last plan again after
-    TorchServe loaded the base archive)."""
+def _kill_frontend(d: Drill, server: RunningServer) -> dict[str, Any]:
+    """SIGKILL to the JVM; when another ran, and when the controller's restart watch had made the
+    model's last plan live again (its swap's set_default, from the controller's swap records)."""
     killed = _one(_jvms(server), f"JVMs in TorchServe's process group {server.pid}")
+    killed_at = time.time()
     os.kill(killed, signal.SIGKILL)
-    started = time.monotonic()
     another = _seconds_until(lambda: _jvms(server) - {killed}, 300)
-
-    def version() -> str | None:
+    url = f"{d.controller_url}/v1/models/{d.model}/status"
+    live_phases = ("create", "register", "ready", "set_default")
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
         try:
-            described = client.describe(d.model)  # the key file is read again: new keys
-        except Exception:  # noqa: BLE001 - not up yet
-            return None
-        ready = [w for w in described.get("workers", []) if w.get("status") == "READY"]
-        return described.get("modelVersion") if ready else None
-
-    base = None
-    while time.monotonic() - started < 600 and base is None:
-        base = version()
-        time.sleep(0.2)
-    reapplied = _seconds_until(lambda: version() not in (None, base), 600)
-    return {"killed": killed, "another_after_s": another, "base_version": base,
-            "last_plan_again_after_s": None if reapplied is None else round(time.monotonic() - started, 2),
-            "version_after": version()}
+            with session_for(url) as s:  # the management key is read again: a new JVM made new ones
+                swaps = s.get(url, headers=server.management_headers(), timeout=10).json().get("last_swaps") or []
+        except Exception:  # noqa: BLE001 - the controller's answer waits for TorchServe
+            swaps = []
+        for rec in swaps:
+            if rec.get("started_at", 0) >= killed_at and rec.get("outcome") == "applied":
+                live_at = rec["started_at"] + sum(v for k, v in (rec.get("phases_s") or {}).items() if k in live_phases)
+                return {"killed": killed, "another_after_s": another, "version_after": rec.get("to_version"),
+                        "last_plan_again_after_s": round(live_at - killed_at, 2)}
+        time.sleep(0.5)
+    return {"killed": killed, "another_after_s": another, "version_after": None, "last_plan_again_after_s": None}
 
 
 def _swap(d: Drill, server: RunningServer, fork_server: list[int]) -> dict[str, Any]:
@@ -226,7 +224,7 @@ def run_drill(d: Drill) -> dict[str, Any]:
     frontend = None
     if d.frontend_kill_at is not None:
         time.sleep(max(0.0, out.started + d.frontend_kill_at - time.monotonic()))
-        frontend = _kill_frontend(d, server, client)
+        frontend = _kill_frontend(d, server)
     for t in threads:
         t.join(d.seconds + 180)
     after = _ready_workers(client, d.model)
@@ -287,9 +285,9 @@ def _frontend_lines(rec: dict[str, Any], d: Drill) -> tuple[str, list[str]]:
         f"| the frontend (JVM, pid {fe['killed']}) killed at {d.frontend_kill_at:g} s | another JVM after "
         f"{fe['another_after_s']} s; the first request answered was sent {f['served_again_after_s']} s after the "
         f"kill; {f['failed_from']} requests failed from the kill on, {f['failed_before']} before it |",
-        f"| `{d.model}` after the frontend's restart | TorchServe loaded version {fe['base_version']} (--models); "
-        f"the controller applied its last plan again after {fe['last_plan_again_after_s']} s (version "
-        f"{fe['version_after']}) |"]
+        f"| `{d.model}` after the frontend's restart | TorchServe loaded its base archive (--models); the "
+        f"controller's swap made its last plan live again {fe['last_plan_again_after_s']} s after the kill "
+        f"(version {fe['version_after']}) |"]
 
 
 def write(rec: dict[str, Any], d: Drill, out_dir: Path, name: str) -> Path:
