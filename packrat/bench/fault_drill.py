@@ -262,12 +262,16 @@ def windows(rows: list[tuple[float, str, float]], seconds: float, width_s: float
 
 
 def frontend_figures(rec: dict[str, Any], kill_at: float) -> dict[str, Any]:
-    """What the frontend's kill cost: the requests that failed before it and from it on, and how
-    long after it the first request sent was answered."""
+    """What the frontend's kill cost, against what the earlier faults did: the requests that
+    failed before it (the fork server's and the controller's kills), those in flight at it and
+    those sent after it that failed, and how long after it the first request sent was answered."""
     rows = rec["rows"]
+    failed = [(t, t + ms / 1000) for t, o, ms in rows if o != "200"]
     answered = [t for t, o, _ms in rows if o == "200" and t >= kill_at]
-    return {"failed_before": sum(o != "200" for t, o, _ms in rows if t < kill_at),
-            "failed_from": sum(o != "200" for t, o, _ms in rows if t >= kill_at),
+    return {"sent_before": sum(t < kill_at for t, _o, _ms in rows),
+            "failed_earlier": sum(end < kill_at for _t, end in failed),
+            "in_flight": sum(t < kill_at <= end for t, end in failed),
+            "failed_after": sum(t >= kill_at for t, _end in failed),
             "served_again_after_s": round(min(answered) - kill_at, 2) if answered else None}
 
 
@@ -277,14 +281,16 @@ def _frontend_lines(rec: dict[str, Any], d: Drill) -> tuple[str, list[str]]:
     if not fe or d.frontend_kill_at is None:
         return "", []
     f = frontend_figures(rec, d.frontend_kill_at)
-    words = (f"; the frontend (JVM) killed -9 at {d.frontend_kill_at:g} s: another after {fe['another_after_s']} s, "
-             f"a request sent {f['served_again_after_s']} s after the kill answered, {f['failed_from']} failed from "
-             f"the kill on ({f['failed_before']} before it), the last plan applied again after "
-             f"{fe['last_plan_again_after_s']} s")
+    words = (f"; then the frontend (JVM) killed -9 at {d.frontend_kill_at:g} s: {f['failed_earlier']} of the "
+             f"{f['sent_before']} requests sent before it had failed, {f['in_flight']} in flight at it failed and "
+             f"{f['failed_after']} sent after it (refused while it was down); another JVM after "
+             f"{fe['another_after_s']} s, the first answered request was sent {f['served_again_after_s']} s after the "
+             f"kill, the model's last plan live again after {fe['last_plan_again_after_s']} s")
     return words, [
         f"| the frontend (JVM, pid {fe['killed']}) killed at {d.frontend_kill_at:g} s | another JVM after "
         f"{fe['another_after_s']} s; the first request answered was sent {f['served_again_after_s']} s after the "
-        f"kill; {f['failed_from']} requests failed from the kill on, {f['failed_before']} before it |",
+        f"kill; {f['in_flight']} requests in flight at the kill and {f['failed_after']} sent after it failed; "
+        f"{f['failed_earlier']} of the {f['sent_before']} sent before it had failed |",
         f"| `{d.model}` after the frontend's restart | TorchServe loaded its base archive (--models); the "
         f"controller's swap made its last plan live again {fe['last_plan_again_after_s']} s after the kill "
         f"(version {fe['version_after']}) |"]
@@ -308,8 +314,11 @@ def write(rec: dict[str, Any], d: Drill, out_dir: Path, name: str) -> Path:
         workers = "the same version, other processes: restarted"
     md = "\n".join([
         "---", f"date: {rec['started']}", f"machine: {rec['machine']}, {rec['cores']} cores", f"command: {d.command}",
-        f"figures: {s['failed']} of {s['requests']} requests failed while the fork server and the controller were "
-        f"killed -9 under {d.clients} clients on {d.model}; another fork server after {fork['another_after_s']} s, "
+        ("figures: " + (f"the fork server and the controller killed -9 under {d.clients} clients on {d.model}"
+                        if frontend_words else
+                        f"{s['failed']} of {s['requests']} requests failed while the fork server and the controller "
+                        f"were killed -9 under {d.clients} clients on {d.model}"))
+        + f"; another fork server after {fork['another_after_s']} s, "
         f"the controller answering again after {ctl['answering_after_s']} s; the next swap's workers forked by the "
         f"new fork server: {swap.get('forked_by_new_fork_server')}{frontend_words}",
         "---", "",
