@@ -241,3 +241,20 @@ def test_the_restart_watch_applies_last_plans_again_busiest_model_first() -> Non
     swaps = Swaps(None, None, Files(), None, None, time.monotonic, 0.0, (), lambda m: ())  # type: ignore[arg-type]
     live = {"d-some": "d-some.p1"}  # its last swap's version is still the default: not lost
     assert [m for m, _ in swaps._unsure(order, live)] == ["b-busy", "a-idle", "c-idle"]
+
+    # watch() asks for the traffic only when more than one model may be lost, and looks at
+    # them busiest first (each _lost() call is a describe of that model).
+    looked: list[str] = []
+    swaps._lost = lambda model, entry: looked.append(model) and False  # type: ignore[method-assign]
+    asked: list[list[str]] = []
+
+    def busiest(lost: list[str]) -> list[str]:
+        asked.append(lost)
+        return busiest_first(lost, counts.__getitem__)
+
+    listed = ["a-idle", "b-busy", "c-idle", "d-some"]  # TorchServe's order
+    assert swaps.watch(listed, live, busiest=busiest) == []
+    assert asked == [["a-idle", "b-busy", "c-idle"]] and looked == ["b-busy", "a-idle", "c-idle"]
+    asked.clear()
+    assert swaps.watch(listed, {**live, "a-idle": "a-idle.p1", "c-idle": "c-idle.p1"}, busiest=busiest) == []
+    assert asked == []  # one candidate: no order to find

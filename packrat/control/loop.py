@@ -101,7 +101,8 @@ class Ticker:
         models = self._reachable_models()
         if models is None:
             return []
-        started = self.guarded("watch", lambda: self.swaps.watch(busiest_first(models, self._requests), models)) or []
+        started = self.guarded("watch", lambda: self.swaps.watch(
+            list(models), models, busiest=lambda lost: busiest_first(lost, self._requests))) or []
         if self.policy is None:
             return started
         policy = self.policy

@@ -179,7 +179,8 @@ class Swaps:
         self.running = record
 
     # -- the restart watch -----------------------------------------------------------
-    def watch(self, models: Sequence[str], default_urls: Mapping[str, str] | None = None) -> list[str]:
+    def watch(self, models: Sequence[str], default_urls: Mapping[str, str] | None = None,
+              busiest: Callable[[list[str]], list[str]] | None = None) -> list[str]:
         """Apply the last plan again where its version is no longer loaded; returns those models.
 
         The version a successful swap made live stays loaded until the next swap
@@ -188,10 +189,17 @@ class Swaps:
         the controller last made live is made live again. `default_urls`: model ->
         the URL of its default version, as TorchServe's list of models gave it this tick;
         a model whose default is the last swap's version needs no describe call.
+        `busiest`: orders models by their traffic, asked only when more than one may be
+        lost (a restart): one swap at a time, the model under load goes first.
         """
         # Looked for without the swap lock: holding it for every tick's describe calls
         # would refuse an apply arriving meanwhile (BusyError) for no swap at all.
-        if not any(self._lost(model, entry) for model, entry in self._unsure(models, default_urls)):
+        unsure = self._unsure(models, default_urls)
+        if busiest is not None and len(unsure) > 1:
+            first = busiest([model for model, _entry in unsure])
+            models = first + [m for m in models if m not in first]
+            unsure = sorted(unsure, key=lambda found: first.index(found[0]))
+        if not any(self._lost(model, entry) for model, entry in unsure):
             return []
         # Acted on under the swap lock, checked again: a swap changes versions on purpose,
         # and one that ends between reading last-plans.json and acting must not be undone.
