@@ -28,10 +28,10 @@ def test_summary_counts_every_outcome_and_splits_latency_at_the_first_kill() -> 
 
 
 def test_the_frontends_kill_splits_failures_at_it_and_times_the_first_answer_after_it() -> None:
-    rows = [(1.0, "200", 5.0), (2.0, "503", 5.0), (3.1, "ConnectionError", 1.0), (3.5, "401", 1.0),
+    # Killed at 3.0 s: the 503 ended before it, the ConnectionError sent at 2.9 s ended after it (in
+    # flight), the 401 was sent after it; the first answer after it was sent at 5.5 s.
+    rows = [(1.0, "200", 5.0), (2.0, "503", 5.0), (2.9, "ConnectionError", 200.0), (3.5, "401", 1.0),
             (5.5, "200", 9.0), (6.0, "200", 9.0)]
-    # The 503 ended before the kill, the ConnectionError sent at 2.9 s ended at it (in flight).
-    rows[2] = (2.9, "ConnectionError", 200.0)
     assert frontend_figures({"rows": rows}, 3.0) == {"sent_before": 3, "failed_earlier": 1, "in_flight": 1,
                                                      "failed_after": 1, "served_again_after_s": 2.5}
     assert frontend_figures({"rows": rows[:4]}, 3.0)["served_again_after_s"] is None
