@@ -17,7 +17,7 @@ import pytest
 import requests
 from PIL import Image
 
-from packrat.bench.proc_cpu import comm, group_members
+from packrat.bench.fault_drill import jvms
 from packrat.errors import TorchServeError
 from packrat.forkserver import write_shim
 from packrat.server import DEFAULT_CONFIG, Ports, RunningServer, render_properties
@@ -513,7 +513,7 @@ def test_torchserve_workers_are_forked_and_scaled_down_with_their_shims(resnet_r
     assert len(os.listdir(f"/proc/{fork_server}/task")) == 1
     # The frontend runs favoured where the launcher may lower its nice (root here, in CI):
     # every JVM thread 10 levels (PACKRAT_FRONTEND_NICE's default) above the worker.
-    java = next(pid for pid in group_members(torchserve.pid) if comm(pid) == "java")
+    java = next(iter(jvms(torchserve)))
     jvm_nices = {_nice_of(java, tid) for tid in os.listdir(f"/proc/{java}/task")}
     worker_nice = os.getpriority(os.PRIO_PROCESS, worker["pid"])
     assert worker_nice == os.getpriority(os.PRIO_PROCESS, 0)
@@ -608,10 +608,6 @@ def test_packrat_torchserve_returns_like_torchserve_start_and_stop_stops_it_all(
         _kill_groups_of(str(config))
 
 
-def _jvms(server: RunningServer) -> list[int]:
-    return [p for p in group_members(server.pid) if comm(p) == "java"]
-
-
 def _noop_answers(server: RunningServer) -> bool:
     try:  # the keys are read again each time: a new JVM writes new ones
         r = requests.post(f"{server.inference_url}/predictions/noop", data=b"ping",
@@ -632,12 +628,12 @@ def test_a_crashed_frontend_is_started_again_with_its_models_and_a_stopped_one_i
     server = start_server(store, tmp_path / "ts", models=["noop"])
     try:
         wait_until(lambda: _noop_answers(server), 120, "noop to answer")
-        (jvm,) = _jvms(server)
+        (jvm,) = jvms(server)
         (old_worker,) = [w["pid"] for w in server.management_client().describe("noop")["workers"]]
         os.kill(jvm, signal.SIGKILL)
-        wait_until(lambda: [p for p in _jvms(server) if p != jvm], 60, "another JVM")
+        wait_until(lambda: jvms(server) - {jvm}, 60, "another JVM")
         wait_until(lambda: _noop_answers(server), 120, "noop to answer from the new JVM")
-        (new_jvm,) = _jvms(server)
+        (new_jvm,) = jvms(server)
         (new_worker,) = [w["pid"] for w in server.management_client().describe("noop")["workers"]]
         assert new_worker != old_worker
         wait_until(lambda: not process_alive(old_worker), 30, "the old JVM's worker to end")
@@ -647,6 +643,6 @@ def test_a_crashed_frontend_is_started_again_with_its_models_and_a_stopped_one_i
         os.kill(new_jvm, signal.SIGTERM)  # stopped on purpose: not started again
         wait_until(lambda: not server.is_running(), 60, "packrat-torchserve to end with its JVM")
         out = (server.workdir / "torchserve.out").read_text(errors="replace")
-        assert _jvms(server) == [] and out.count("packrat: TorchServe's frontend (pid") == 1, out[-3000:]
+        assert jvms(server) == set() and out.count("packrat: TorchServe's frontend (pid") == 1, out[-3000:]
     finally:
         server.stop()

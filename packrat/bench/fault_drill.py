@@ -138,17 +138,18 @@ def _kill_controller(d: Drill, server: RunningServer, check_only: bool = False) 
             "supervisor": parent, "supervisor_alive": os.path.exists(f"/proc/{parent}")}
 
 
-def _jvms(server: RunningServer) -> set[int]:
+def jvms(server: RunningServer) -> set[int]:
+    """TorchServe's frontend: the JVMs in the server's process group (one while it runs)."""
     return {pid for pid in group_members(server.pid) if comm(pid) == "java"}
 
 
 def _kill_frontend(d: Drill, server: RunningServer) -> dict[str, Any]:
     """SIGKILL to the JVM; when another ran, and when the controller's restart watch had made the
     model's last plan live again (its swap's set_default, from the controller's swap records)."""
-    killed = _one(_jvms(server), f"JVMs in TorchServe's process group {server.pid}")
+    killed = _one(jvms(server), f"JVMs in TorchServe's process group {server.pid}")
     killed_at = time.time()
     os.kill(killed, signal.SIGKILL)
-    another = _seconds_until(lambda: _jvms(server) - {killed}, 300)
+    another = _seconds_until(lambda: jvms(server) - {killed}, 300)
     url = f"{d.controller_url}/v1/models/{d.model}/status"
     live_phases = ("create", "register", "ready", "set_default")
     deadline = time.monotonic() + 600
@@ -207,7 +208,7 @@ def run_drill(d: Drill) -> dict[str, Any]:
     _kill_fork_server(server, check_only=True)  # both there, before any load: a clear error
     _kill_controller(d, server, check_only=True)
     if d.frontend_kill_at is not None:
-        _one(_jvms(server), f"JVMs in TorchServe's process group {server.pid}")
+        _one(jvms(server), f"JVMs in TorchServe's process group {server.pid}")
     client = ManagementClient(server.management_url, server.key_file)
     before = _ready_workers(client, d.model)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -171,13 +171,14 @@ def keep_frontend(args: list[str], backoff: Backoff | None = None) -> None:
         started = time.monotonic()
         jvm = _run_torchserve(args)
         lived = time.monotonic() - started
-        if jvm is None or jvm.returncode is None or not crashed(jvm.returncode, lived, FRONTEND_MIN_UPTIME_S,
-                                                                  STOPPED_EXITS):
+        # start() waited for the JVM in the foreground: its returncode is set.
+        if jvm is None or not crashed(jvm.returncode, lived, FRONTEND_MIN_UPTIME_S, STOPPED_EXITS):
             return
         delay = backoff.after(lived)
+        models = "the models in --models load again; " if "--models" in args else ""
         print(f"packrat: TorchServe's frontend (pid {jvm.pid}) {how_it_ended(jvm.returncode)} after {lived:.0f} s; "
-              f"starting it again in {delay:g} s with the same arguments (the models in --models load again; "
-              "with token authorization on, it writes new keys into key_file.json)", file=sys.stderr, flush=True)
+              f"starting it again in {delay:g} s with the same arguments ({models}with token authorization on, "
+              "it writes new keys into key_file.json)", file=sys.stderr, flush=True)
         time.sleep(delay)
 
 
