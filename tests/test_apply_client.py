@@ -141,6 +141,31 @@ def test_fault_statuses_are_translated(tmp_path: Path) -> None:
         httpd.server_close()
 
 
+def test_keys_read_while_torchserve_rewrites_the_file_wait_for_it(tmp_path: Path) -> None:
+    """TorchServe truncates key_file.json, then writes it (seen in CI: a client re-reading keys
+    after a frontend restart got an empty file). A read in that window waits for the whole file;
+    a file that stays broken is still an error, after the grace."""
+    key_file = tmp_path / "key_file.json"
+    key_file.write_text("")
+    whole = {"management": {"key": "m1", "expiration time": "2099-01-01T00:00:00Z"},
+             "inference": {"key": "i1", "expiration time": "2099-01-01T00:00:00Z"}, "API": {"key": "a1"}}
+    text = json.dumps(whole)
+    writer = threading.Timer(0.2, lambda: key_file.write_text(text))
+    key_file.write_text(text[: len(text) // 2])  # half-written first
+    writer.start()
+    try:
+        assert read_keys(key_file).inference.key == "i1"
+    finally:
+        writer.cancel()
+    key_file.write_text("{")
+    t0 = time.monotonic()
+    with pytest.raises(TorchServeError, match="cannot read TorchServe keys"):
+        read_keys(key_file, grace_s=0.3)
+    assert time.monotonic() - t0 >= 0.3
+    with pytest.raises(TorchServeError, match="No such file"):
+        read_keys(tmp_path / "absent.json")  # a missing file is not waited for
+
+
 @pytest.mark.torchserve
 def test_printed_keys_work_after_their_expiry(torchserve) -> None:
     """`make run` says "Keys expire after 60 min: print fresh ones with packrat torchserve

@@ -73,11 +73,23 @@ def parse_keys(data: dict) -> Keys:
     return Keys(management=key("management"), inference=key("inference"), api=key("API"))
 
 
-def read_keys(key_file: str | Path) -> Keys:
+# TorchServe rewrites key_file.json in place (truncate, then write) at every start and key
+# regeneration: a read in between sees an empty or half-written file for a few milliseconds.
+REWRITE_GRACE_S = 2.0
+
+
+def read_keys(key_file: str | Path, grace_s: float = REWRITE_GRACE_S) -> Keys:
     """Read a key_file.json (TorchServe writes it as `<frontend workdir>/key_file.json`);
-    the one place anything in Packrat reads it."""
+    the one place anything in Packrat reads it. A file that does not parse is read again
+    for up to `grace_s` (TorchServe may be rewriting it) before it is an error."""
     path = Path(key_file)
-    try:
-        return parse_keys(json.loads(path.read_text()))
-    except (OSError, ValueError) as exc:
-        raise TorchServeError("READ", str(path), 0, f"cannot read TorchServe keys: {exc}") from exc
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            return parse_keys(json.loads(path.read_text()))
+        except ValueError as exc:
+            if time.monotonic() >= deadline:
+                raise TorchServeError("READ", str(path), 0, f"cannot read TorchServe keys: {exc}") from exc
+            time.sleep(0.02)
+        except OSError as exc:
+            raise TorchServeError("READ", str(path), 0, f"cannot read TorchServe keys: {exc}") from exc
