@@ -164,6 +164,11 @@ def test_keys_read_while_torchserve_rewrites_the_file_wait_for_it(tmp_path: Path
     assert time.monotonic() - t0 >= 0.3
     with pytest.raises(TorchServeError, match="No such file"):
         read_keys(tmp_path / "absent.json")  # a missing file is not waited for
+    key_file.write_text(json.dumps({"management": whole["management"]}))
+    t0 = time.monotonic()
+    with pytest.raises(TorchServeError, match="no 'inference' key"):
+        read_keys(key_file)  # whole JSON without a key: not a rewrite, not waited for
+    assert time.monotonic() - t0 < 1.0
 
 
 @pytest.mark.torchserve

@@ -80,16 +80,17 @@ REWRITE_GRACE_S = 2.0
 
 def read_keys(key_file: str | Path, grace_s: float = REWRITE_GRACE_S) -> Keys:
     """Read a key_file.json (TorchServe writes it as `<frontend workdir>/key_file.json`);
-    the one place anything in Packrat reads it. A file that does not parse is read again
-    for up to `grace_s` (TorchServe may be rewriting it) before it is an error."""
+    the one place anything in Packrat reads it. A file that is not JSON is read again for up
+    to `grace_s` (TorchServe may be rewriting it) before it is an error; a missing file, or
+    JSON without the keys, is one at once."""
     path = Path(key_file)
     deadline = time.monotonic() + grace_s
     while True:
         try:
             return parse_keys(json.loads(path.read_text()))
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:  # empty or half-written: being rewritten
             if time.monotonic() >= deadline:
                 raise TorchServeError("READ", str(path), 0, f"cannot read TorchServe keys: {exc}") from exc
             time.sleep(0.02)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             raise TorchServeError("READ", str(path), 0, f"cannot read TorchServe keys: {exc}") from exc
