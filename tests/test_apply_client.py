@@ -144,7 +144,8 @@ def test_fault_statuses_are_translated(tmp_path: Path) -> None:
 def test_keys_read_while_torchserve_rewrites_the_file_wait_for_it(tmp_path: Path) -> None:
     """TorchServe truncates key_file.json, then writes it (seen in CI: a client re-reading keys
     after a frontend restart got an empty file). A read in that window waits for the whole file;
-    a file that stays broken is still an error, after the grace."""
+    a file that stays broken is still an error, after the grace; a missing file, or JSON without
+    a key, is one at once."""
     key_file = tmp_path / "key_file.json"
     key_file.write_text("")
     whole = {"management": {"key": "m1", "expiration time": "2099-01-01T00:00:00Z"},
